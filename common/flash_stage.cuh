@@ -1,0 +1,219 @@
+// flash_stage.cuh: the one header a stage folder needs besides itself.
+//
+// It holds the contract every stage shares (status codes and their messages, the argument checks
+// that run before any launch, the causal convention) and the online-softmax merge that stage 03
+// introduces and every fused stage after it reuses. Header-only: copy it next to a stage folder and
+// the stage builds with nothing but the CUDA runtime.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace flash {
+
+// ---------------------------------------------------------------------------------------------
+// Status
+// ---------------------------------------------------------------------------------------------
+
+enum class StatusCode : int {
+  kSuccess = 0,
+  kNullPointer,           // a required pointer is null
+  kInvalidDimension,      // a size is < 1 or too large to index
+  kInvalidArgument,       // a value that is not a size is unusable (a non-finite scale)
+  kHeadDimNotSupported,   // head_dim is not one this stage was compiled for
+  kHeadsNotDivisible,     // heads_q is not a multiple of heads_kv
+  kMisalignedPointer,     // a tensor does not start on a kTensorAlignment boundary
+  kNotSupported,          // a feature this stage does not have (causal before stage 06, ...)
+  kWorkspaceTooSmall,     // workspace_bytes < the stage's forward_workspace_size
+  kCudaError,             // CUDA itself failed; cuda_error says how
+};
+
+// A status names what was wrong, not only that something was: the argument, its value and, where
+// there is one, the value it needed. Plain data, so it crosses a C ABI unchanged.
+struct Status {
+  StatusCode code = StatusCode::kSuccess;
+  const char* argument = nullptr;  // the offending argument's name (a string literal)
+  long long value = 0;             // the value it had
+  long long required = 0;          // workspace: the bytes needed
+  cudaError_t cuda_error = cudaSuccess;
+
+  bool ok() const { return code == StatusCode::kSuccess; }
+};
+
+inline Status make_status(StatusCode code, const char* argument, long long value, long long required = 0) {
+  Status s;
+  s.code = code;
+  s.argument = argument;
+  s.value = value;
+  s.required = required;
+  return s;
+}
+
+inline Status cuda_status(cudaError_t err) {
+  Status s;
+  if (err != cudaSuccess) {
+    s.code = StatusCode::kCudaError;
+    s.cuda_error = err;
+  }
+  return s;
+}
+
+// Every launch is followed by this: a launch error (bad configuration, no device) is only visible
+// through cudaGetLastError.
+inline Status last_launch_status() { return cuda_status(cudaGetLastError()); }
+
+inline const char* status_name(StatusCode code) {
+  switch (code) {
+    case StatusCode::kSuccess: return "success";
+    case StatusCode::kNullPointer: return "null pointer";
+    case StatusCode::kInvalidDimension: return "invalid dimension";
+    case StatusCode::kInvalidArgument: return "invalid argument";
+    case StatusCode::kHeadDimNotSupported: return "head_dim not supported";
+    case StatusCode::kHeadsNotDivisible: return "heads_q not a multiple of heads_kv";
+    case StatusCode::kMisalignedPointer: return "misaligned pointer";
+    case StatusCode::kNotSupported: return "not supported by this stage";
+    case StatusCode::kWorkspaceTooSmall: return "workspace too small";
+    case StatusCode::kCudaError: return "CUDA error";
+  }
+  return "unknown status";
+}
+
+// The message a user sees, e.g. "invalid dimension: seq_q = 0 (must be >= 1)".
+inline std::string to_string(const Status& s) {
+  std::string msg = status_name(s.code);
+  const std::string arg = s.argument ? s.argument : "?";
+  const std::string val = std::to_string(s.value);
+  switch (s.code) {
+    case StatusCode::kSuccess: break;
+    case StatusCode::kNullPointer: msg += ": " + arg + " is null"; break;
+    case StatusCode::kInvalidDimension: msg += ": " + arg + " = " + val + " (must be >= 1 and fit the index range)"; break;
+    case StatusCode::kInvalidArgument: msg += ": " + arg + " must be finite"; break;
+    case StatusCode::kHeadDimNotSupported: msg += ": " + arg + " = " + val + " (supported: 32, 64, 128)"; break;
+    case StatusCode::kHeadsNotDivisible:
+      msg += ": heads_q = " + val + ", heads_kv = " + std::to_string(s.required); break;
+    case StatusCode::kMisalignedPointer: msg += ": " + arg + " is not 16-byte aligned"; break;
+    case StatusCode::kNotSupported: msg += ": " + arg + " = " + val; break;
+    case StatusCode::kWorkspaceTooSmall:
+      msg += ": " + arg + " = " + val + ", needs " + std::to_string(s.required); break;
+    case StatusCode::kCudaError: msg += ": " + std::string(cudaGetErrorString(s.cuda_error)); break;
+  }
+  return msg;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks, shared by every stage and run before any launch
+// ---------------------------------------------------------------------------------------------
+
+// Tensors must start on 16 bytes so that later stages can move float4s; with head_dim a multiple
+// of 4 every row then starts aligned too.
+constexpr std::uintptr_t kTensorAlignment = 16;
+
+// The kernels index with 64-bit offsets but launch rows on grid x and keep per-tensor counts in int;
+// refusing sizes past this keeps every int product in range.
+constexpr long long kMaxDim = (1LL << 31) - 1;
+
+inline bool supported_head_dim(int head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
+
+inline bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kTensorAlignment == 0; }
+
+// Checks what every stage requires of a forward call. Stage-specific checks (causal, workspace)
+// follow in the stage's own launcher.
+inline Status check_forward_args(const float* q, const float* k, const float* v, const float* o, const float* lse,
+                                 int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim,
+                                 float scale) {
+  if (!q) return make_status(StatusCode::kNullPointer, "q", 0);
+  if (!k) return make_status(StatusCode::kNullPointer, "k", 0);
+  if (!v) return make_status(StatusCode::kNullPointer, "v", 0);
+  if (!o) return make_status(StatusCode::kNullPointer, "o", 0);
+  if (batch < 1) return make_status(StatusCode::kInvalidDimension, "batch", batch);
+  if (heads_q < 1) return make_status(StatusCode::kInvalidDimension, "heads_q", heads_q);
+  if (heads_kv < 1) return make_status(StatusCode::kInvalidDimension, "heads_kv", heads_kv);
+  if (seq_q < 1) return make_status(StatusCode::kInvalidDimension, "seq_q", seq_q);
+  if (seq_kv < 1) return make_status(StatusCode::kInvalidDimension, "seq_kv", seq_kv);
+  if (head_dim < 1) return make_status(StatusCode::kInvalidDimension, "head_dim", head_dim);
+  if (!supported_head_dim(head_dim)) return make_status(StatusCode::kHeadDimNotSupported, "head_dim", head_dim);
+  if (heads_q % heads_kv != 0) return make_status(StatusCode::kHeadsNotDivisible, "heads_q", heads_q, heads_kv);
+  const long long rows_q = static_cast<long long>(batch) * heads_q * seq_q;
+  if (rows_q > kMaxDim) return make_status(StatusCode::kInvalidDimension, "batch*heads_q*seq_q", rows_q);
+  const long long rows_kv = static_cast<long long>(batch) * heads_kv * seq_kv;
+  if (rows_kv > kMaxDim) return make_status(StatusCode::kInvalidDimension, "batch*heads_kv*seq_kv", rows_kv);
+  if (!std::isfinite(scale)) return make_status(StatusCode::kInvalidArgument, "scale", 0);
+  if (!aligned(q)) return make_status(StatusCode::kMisalignedPointer, "q", 0);
+  if (!aligned(k)) return make_status(StatusCode::kMisalignedPointer, "k", 0);
+  if (!aligned(v)) return make_status(StatusCode::kMisalignedPointer, "v", 0);
+  if (!aligned(o)) return make_status(StatusCode::kMisalignedPointer, "o", 0);
+  if (lse && !aligned(lse)) return make_status(StatusCode::kMisalignedPointer, "lse", 0);
+  return Status{};
+}
+
+inline Status check_workspace(const void* workspace, size_t workspace_bytes, size_t needed) {
+  if (workspace_bytes < needed)
+    return make_status(StatusCode::kWorkspaceTooSmall, "workspace_bytes", static_cast<long long>(workspace_bytes),
+                       static_cast<long long>(needed));
+  if (needed > 0 && !workspace) return make_status(StatusCode::kNullPointer, "workspace", 0);
+  if (needed > 0 && !aligned(workspace)) return make_status(StatusCode::kMisalignedPointer, "workspace", 0);
+  return Status{};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conventions every kernel follows
+// ---------------------------------------------------------------------------------------------
+
+// Causal, bottom-right aligned (FlashAttention 2.1+): the last query row sees every key, so query i
+// sees key j iff j <= i + (seq_kv - seq_q). Returns one past the last visible key, possibly <= 0.
+__host__ __device__ inline int causal_key_end(int query, int seq_q, int seq_kv) {
+  return query + (seq_kv - seq_q) + 1;
+}
+
+// The K/V head that query head h reads: heads_q / heads_kv query heads share one K/V head
+// (heads_kv == heads_q is multi-head attention, 1 is multi-query, anything between is grouped).
+__host__ __device__ inline int kv_head_of(int head_q, int heads_q, int heads_kv) {
+  return head_q / (heads_q / heads_kv);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Online softmax (stage 03 onwards)
+// ---------------------------------------------------------------------------------------------
+
+// The running statistics of one softmax row over the keys seen so far: row_max = max_j s_j and
+// row_sum = sum_j exp(s_j - row_max). An empty row is {-inf, 0}.
+struct SoftmaxStats {
+  float row_max;
+  float row_sum;
+};
+
+__host__ __device__ inline SoftmaxStats empty_softmax_stats() { return {-INFINITY, 0.0f}; }
+
+// Merges the statistics of two disjoint sets of keys. Each side's accumulator (sum of
+// exp(s_j - its row_max) * v_j) must be multiplied by the returned factor to share the new max:
+// that rescale is the whole trick of online softmax. One score s with value v is the set {s, 1}.
+// Merging is associative and commutative up to rounding, so any split of the keys gives the softmax.
+__host__ __device__ inline SoftmaxStats merge_softmax_stats(SoftmaxStats a, SoftmaxStats b, float* rescale_a,
+                                                            float* rescale_b) {
+  const float row_max = fmaxf(a.row_max, b.row_max);
+  if (row_max == -INFINITY) {  // both empty (every key masked): exp(-inf - -inf) would be NaN
+    *rescale_a = 0.0f;
+    *rescale_b = 0.0f;
+    return empty_softmax_stats();
+  }
+  *rescale_a = expf(a.row_max - row_max);
+  *rescale_b = expf(b.row_max - row_max);
+  return {row_max, a.row_sum * *rescale_a + b.row_sum * *rescale_b};
+}
+
+// The log-sum-exp of the row: lse = row_max + log(row_sum); -inf for a row that saw no key.
+__host__ __device__ inline float softmax_lse(SoftmaxStats s) {
+  return s.row_sum > 0.0f ? s.row_max + logf(s.row_sum) : -INFINITY;
+}
+
+// 1 / row_sum, the factor that turns the accumulator into the output; 0 for an empty row, whose
+// output is zeros by the API's convention.
+__host__ __device__ inline float softmax_normalizer(SoftmaxStats s) {
+  return s.row_sum > 0.0f ? 1.0f / s.row_sum : 0.0f;
+}
+
+}  // namespace flash

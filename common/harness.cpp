@@ -1,0 +1,147 @@
+#include "harness.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+namespace harness {
+
+void cuda_check(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+bool gpu_available(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    if (why) *why = std::string("no CUDA device: ") + (err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0");
+    cudaGetLastError();  // clear the sticky error so later calls see a clean state
+    return false;
+  }
+  return true;
+}
+
+float Problem::softmax_scale() const {
+  return scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+}
+
+std::string Problem::describe() const {
+  std::ostringstream s;
+  s << "batch=" << batch << " heads_q=" << heads_q << " heads_kv=" << heads_kv << " seq_q=" << seq_q
+    << " seq_kv=" << seq_kv << " head_dim=" << head_dim << " causal=" << (causal ? 1 : 0);
+  return s.str();
+}
+
+double forward_flops(const Problem& p) {
+  const double flops = 4.0 * p.batch * p.heads_q * static_cast<double>(p.seq_q) * p.seq_kv * p.head_dim;
+  return p.causal ? flops / 2.0 : flops;
+}
+
+double forward_compulsory_bytes(const Problem& p) {
+  const double elems = 2.0 * p.q_elems() + 2.0 * p.kv_elems() + p.rows();  // q, o, k, v, lse
+  return elems * sizeof(float);
+}
+
+HostInputs make_inputs(const Problem& p, uint64_t seed, InputKind kind) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const float qk_gain = kind == InputKind::kExtreme ? 10.0f : 1.0f;
+  auto fill = [&](std::vector<float>& x, long long n, float gain) {
+    x.resize(static_cast<size_t>(n));
+    for (float& e : x) e = gain * normal(rng);
+  };
+  HostInputs in;
+  fill(in.q, p.q_elems(), qk_gain);
+  fill(in.k, p.kv_elems(), qk_gain);
+  fill(in.v, p.kv_elems(), 1.0f);
+  fill(in.d_out, p.q_elems(), 1.0f);
+  return in;
+}
+
+std::string ErrorStats::describe() const {
+  std::ostringstream s;
+  s << "rel_l2=" << rel_l2 << " max_abs=" << max_abs << " nonfinite=" << nonfinite << " of " << count;
+  return s.str();
+}
+
+namespace {
+template <typename Ref>
+ErrorStats compare_impl(const std::vector<float>& got, const std::vector<Ref>& ref) {
+  if (got.size() != ref.size())
+    throw std::invalid_argument("compare: sizes differ (" + std::to_string(got.size()) + " vs " +
+                                std::to_string(ref.size()) + ")");
+  ErrorStats e;
+  e.count = got.size();
+  double diff2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double x = got[i], r = static_cast<double>(ref[i]);
+    if (!std::isfinite(r) || !std::isfinite(x)) {
+      if (x != r) ++e.nonfinite;  // equal infinities (an lse of -inf for an empty row) agree
+      continue;
+    }
+    const double d = x - r;
+    e.max_abs = std::max(e.max_abs, std::abs(d));
+    diff2 += d * d;
+    ref2 += r * r;
+  }
+  e.rel_l2 = ref2 > 0.0 ? std::sqrt(diff2 / ref2) : std::sqrt(diff2);
+  return e;
+}
+}  // namespace
+
+ErrorStats compare(const std::vector<float>& got, const std::vector<double>& ref) { return compare_impl(got, ref); }
+ErrorStats compare(const std::vector<float>& got, const std::vector<float>& ref) { return compare_impl(got, ref); }
+
+size_t count_nonfinite(const std::vector<float>& x) {
+  return static_cast<size_t>(std::count_if(x.begin(), x.end(), [](float e) { return !std::isfinite(e); }));
+}
+
+std::vector<long long> sample_rows(long long num_rows, long long max_rows) {
+  std::vector<long long> rows;
+  if (num_rows <= max_rows) {
+    for (long long r = 0; r < num_rows; ++r) rows.push_back(r);
+    return rows;
+  }
+  for (long long i = 0; i < max_rows; ++i) rows.push_back(i * (num_rows - 1) / (max_rows - 1));
+  return rows;
+}
+
+std::vector<float> gather_rows(const std::vector<float>& x, const std::vector<long long>& rows, int width) {
+  std::vector<float> out;
+  out.reserve(rows.size() * width);
+  for (long long r : rows) {
+    const size_t begin = static_cast<size_t>(r) * width;
+    if (begin + width > x.size()) throw std::invalid_argument("gather_rows: row out of range");
+    out.insert(out.end(), x.begin() + begin, x.begin() + begin + width);
+  }
+  return out;
+}
+
+Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cudaStream_t stream) {
+  for (int i = 0; i < warmup; ++i) launch();
+  cuda_check(cudaStreamSynchronize(stream), "warm-up");
+  cudaEvent_t start, stop;
+  cuda_check(cudaEventCreate(&start), "cudaEventCreate");
+  cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+  std::vector<double> ms(runs);
+  for (int i = 0; i < runs; ++i) {
+    cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
+    launch();
+    cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float t = 0.0f;
+    cuda_check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
+    ms[i] = t;
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  Timing t;
+  t.runs = runs;
+  t.min_ms = ms.front();
+  t.median_ms = runs % 2 ? ms[runs / 2] : 0.5 * (ms[runs / 2 - 1] + ms[runs / 2]);
+  return t;
+}
+
+}  // namespace harness

@@ -1,0 +1,133 @@
+// harness.h: what the tests, the benchmark and the course runner share. Not part of any stage: a
+// stage copied into another project leaves this behind.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace harness {
+
+// Throws std::runtime_error naming the call and CUDA's message. The harness may throw; stages
+// return flash::Status instead.
+void cuda_check(cudaError_t err, const char* what);
+
+// True when a CUDA device can run our kernels; otherwise *why says why not.
+bool gpu_available(std::string* why);
+
+// One attention problem: the shapes of the API plus scale and causal.
+struct Problem {
+  int batch = 1;
+  int heads_q = 1;
+  int heads_kv = 1;
+  int seq_q = 1;
+  int seq_kv = 1;
+  int head_dim = 64;
+  bool causal = false;
+  float scale = 0.0f;  // 0 means the usual 1 / sqrt(head_dim)
+
+  float softmax_scale() const;
+  long long q_elems() const { return static_cast<long long>(batch) * heads_q * seq_q * head_dim; }
+  long long kv_elems() const { return static_cast<long long>(batch) * heads_kv * seq_kv * head_dim; }
+  long long rows() const { return static_cast<long long>(batch) * heads_q * seq_q; }
+  std::string describe() const;
+};
+
+// FLOPs by the FlashAttention convention: 4 * B * H * N_q * N_kv * d (two matmuls of 2 FLOPs per
+// multiply-add), halved when causal.
+double forward_flops(const Problem& p);
+// The bytes a forward must move at least: Q, K, V read once, O and lse written once.
+double forward_compulsory_bytes(const Problem& p);
+
+// Random inputs. kExtreme multiplies Q and K by 10, so scaled scores have a standard deviation of
+// about 100 and reach several hundred: far past expf's overflow at ~88.7.
+enum class InputKind { kNormal, kExtreme };
+struct HostInputs {
+  std::vector<float> q, k, v;
+  std::vector<float> d_out;  // the gradient of O, for backward checks
+};
+HostInputs make_inputs(const Problem& p, uint64_t seed, InputKind kind = InputKind::kNormal);
+
+// A device allocation that frees itself. Moves, never copies.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    if (count_ > 0) cuda_check(cudaMalloc(reinterpret_cast<void**>(&ptr_), count_ * sizeof(T)), "cudaMalloc");
+  }
+  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+  ~DeviceBuffer() { cudaFree(ptr_); }
+  DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), count_(other.count_) {
+    other.ptr_ = nullptr;
+    other.count_ = 0;
+  }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    std::swap(ptr_, other.ptr_);
+    std::swap(count_, other.count_);
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() const { return ptr_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+
+  void upload(const std::vector<T>& host) {
+    if (host.size() != count_) throw std::invalid_argument("DeviceBuffer::upload: size mismatch");
+    cuda_check(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+  }
+  std::vector<T> download() const {
+    std::vector<T> host(count_);
+    cuda_check(cudaMemcpy(host.data(), ptr_, bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+    return host;
+  }
+  // Every byte 0xFF: for floats that is a NaN, so an element a kernel forgot to write fails checks.
+  void poison() { cuda_check(cudaMemset(ptr_, 0xFF, bytes()), "cudaMemset"); }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+// Inputs on the device.
+struct DeviceInputs {
+  DeviceBuffer<float> q, k, v;
+  explicit DeviceInputs(const HostInputs& in) : q(in.q), k(in.k), v(in.v) {}
+};
+
+// Error of a result against a reference. Size mismatches throw std::invalid_argument.
+struct ErrorStats {
+  double max_abs = 0.0;     // max |x - ref| over elements where both are finite
+  double rel_l2 = 0.0;      // ||x - ref|| / ||ref||
+  size_t nonfinite = 0;     // elements where x is NaN/inf but ref is not (or they differ)
+  size_t count = 0;
+  bool within(double rel_tol) const { return nonfinite == 0 && rel_l2 <= rel_tol; }
+  std::string describe() const;
+};
+ErrorStats compare(const std::vector<float>& got, const std::vector<double>& ref);
+ErrorStats compare(const std::vector<float>& got, const std::vector<float>& ref);
+size_t count_nonfinite(const std::vector<float>& x);
+
+// Up to max_rows row indices of [0, num_rows): all of them when they fit, else evenly spread and
+// always including the first and the last.
+std::vector<long long> sample_rows(long long num_rows, long long max_rows);
+// The rows picked out of a [num_rows, width] tensor.
+std::vector<float> gather_rows(const std::vector<float>& x, const std::vector<long long>& rows, int width);
+
+// Times `launch` with CUDA events: `warmup` untimed runs, then `runs` timed ones, each between its
+// own pair of events. The median is the figure we report; min shows the spread.
+struct Timing {
+  double median_ms = 0.0;
+  double min_ms = 0.0;
+  int runs = 0;
+};
+Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cudaStream_t stream = nullptr);
+
+}  // namespace harness

@@ -1,0 +1,128 @@
+#include "reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <thread>
+
+namespace reference {
+namespace {
+
+struct RowIndex {
+  long long q_offset;   // start of the query row in q / o
+  long long kv_offset;  // start of its K/V head in k / v
+  int query;            // i
+  int key_end;          // keys [0, key_end) are visible
+};
+
+RowIndex index_row(const harness::Problem& p, long long row) {
+  const long long bh = row / p.seq_q;
+  const int b = static_cast<int>(bh / p.heads_q);
+  const int h = static_cast<int>(bh % p.heads_q);
+  const int group = p.heads_q / p.heads_kv;
+  RowIndex r;
+  r.query = static_cast<int>(row % p.seq_q);
+  r.q_offset = row * p.head_dim;
+  r.kv_offset = (static_cast<long long>(b) * p.heads_kv + h / group) * p.seq_kv * p.head_dim;
+  r.key_end = p.causal ? std::clamp(r.query + (p.seq_kv - p.seq_q) + 1, 0, p.seq_kv) : p.seq_kv;
+  return r;
+}
+
+// Scaled scores of one row over its visible keys.
+std::vector<double> row_scores(const harness::Problem& p, const harness::HostInputs& in, const RowIndex& r) {
+  std::vector<double> s(r.key_end);
+  for (int j = 0; j < r.key_end; ++j) {
+    double dot = 0.0;
+    for (int c = 0; c < p.head_dim; ++c)
+      dot += static_cast<double>(in.q[r.q_offset + c]) * in.k[r.kv_offset + static_cast<long long>(j) * p.head_dim + c];
+    s[j] = p.softmax_scale() * dot;
+  }
+  return s;
+}
+
+// Softmax of the scores in place (safe: max subtracted); returns the lse.
+double softmax_in_place(std::vector<double>& s) {
+  if (s.empty()) return -std::numeric_limits<double>::infinity();
+  const double m = *std::max_element(s.begin(), s.end());
+  double sum = 0.0;
+  for (double& x : s) sum += (x = std::exp(x - m));
+  for (double& x : s) x /= sum;
+  return m + std::log(sum);
+}
+
+// Runs body(i) for i in [0, n) on every core.
+template <typename Body>
+void parallel_for(long long n, Body body) {
+  const long long workers = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (long long w = 0; w < workers; ++w)
+    pool.emplace_back([=] {
+      for (long long i = w; i < n; i += workers) body(i);
+    });
+  for (auto& t : pool) t.join();
+}
+
+}  // namespace
+
+ForwardRows forward_rows(const harness::Problem& p, const harness::HostInputs& in, const std::vector<long long>& rows) {
+  ForwardRows out;
+  out.o.assign(rows.size() * p.head_dim, 0.0);
+  out.lse.assign(rows.size(), 0.0);
+  parallel_for(static_cast<long long>(rows.size()), [&](long long n) {
+    const RowIndex r = index_row(p, rows[n]);
+    std::vector<double> prob = row_scores(p, in, r);
+    out.lse[n] = softmax_in_place(prob);
+    for (int j = 0; j < r.key_end; ++j)
+      for (int c = 0; c < p.head_dim; ++c)
+        out.o[n * p.head_dim + c] += prob[j] * in.v[r.kv_offset + static_cast<long long>(j) * p.head_dim + c];
+  });
+  return out;
+}
+
+ForwardRows forward(const harness::Problem& p, const harness::HostInputs& in) {
+  return forward_rows(p, in, harness::sample_rows(p.rows(), p.rows()));
+}
+
+// For one row with probabilities P and upstream gradient dO:
+//   dV_j += P_j dO;   dP_j = dO . V_j;   dS_j = P_j (dP_j - sum_k P_k dP_k);
+//   dQ += scale sum_j dS_j K_j;   dK_j += scale dS_j Q.
+// Rows are processed one (b, kv head) group at a time so that the dK / dV sums have one writer.
+Gradients backward(const harness::Problem& p, const harness::HostInputs& in) {
+  Gradients g;
+  g.dq.assign(in.q.size(), 0.0);
+  g.dk.assign(in.k.size(), 0.0);
+  g.dv.assign(in.v.size(), 0.0);
+  const int group = p.heads_q / p.heads_kv;
+  const double scale = p.softmax_scale();
+  parallel_for(static_cast<long long>(p.batch) * p.heads_kv, [&](long long kv_head) {
+    const long long b = kv_head / p.heads_kv;
+    const long long first_head = b * p.heads_q + (kv_head % p.heads_kv) * group;
+    for (long long row = first_head * p.seq_q; row < (first_head + group) * p.seq_q; ++row) {
+      const RowIndex r = index_row(p, row);
+      std::vector<double> prob = row_scores(p, in, r);
+      softmax_in_place(prob);
+      std::vector<double> dp(r.key_end, 0.0);
+      double p_dot_dp = 0.0;
+      for (int j = 0; j < r.key_end; ++j) {
+        const long long kv = r.kv_offset + static_cast<long long>(j) * p.head_dim;
+        for (int c = 0; c < p.head_dim; ++c) {
+          const double d_out = in.d_out[r.q_offset + c];
+          g.dv[kv + c] += prob[j] * d_out;
+          dp[j] += d_out * in.v[kv + c];
+        }
+        p_dot_dp += prob[j] * dp[j];
+      }
+      for (int j = 0; j < r.key_end; ++j) {
+        const long long kv = r.kv_offset + static_cast<long long>(j) * p.head_dim;
+        const double ds = prob[j] * (dp[j] - p_dot_dp);
+        for (int c = 0; c < p.head_dim; ++c) {
+          g.dq[r.q_offset + c] += scale * ds * in.k[kv + c];
+          g.dk[kv + c] += scale * ds * in.q[r.q_offset + c];
+        }
+      }
+    }
+  });
+  return g;
+}
+
+}  // namespace reference

@@ -1,0 +1,61 @@
+#include "registry.h"
+
+#include <algorithm>
+
+#include "01_naive/naive.h"
+#include "02_safe_softmax/safe_softmax.h"
+#include "03_online_softmax/online_softmax.h"
+
+namespace registry {
+
+const std::vector<Stage>& stages() {
+  static const std::vector<Stage> all = {
+      {1, "01_naive", "naive", "S = QK^T in memory, softmax as exp(s)/sum exp(s), O = PV: O(N^2) memory, overflows",
+       false, false, "fp32", {32, 64, 128}, stage01::forward, stage01::forward_workspace_size},
+      {2, "02_safe_softmax", "safe softmax", "subtract the row max before exp: no overflow, still O(N^2) memory",
+       false, false, "fp32", {32, 64, 128}, stage02::forward, stage02::forward_workspace_size},
+      {3, "03_online_softmax", "online softmax",
+       "one fused pass with a running max and sum: O(N) memory, no workspace", false, false, "fp32", {32, 64, 128},
+       stage03::forward, stage03::forward_workspace_size},
+  };
+  return all;
+}
+
+bool Stage::supports(const harness::Problem& p) const {
+  return (causal || !p.causal) && std::find(head_dims.begin(), head_dims.end(), p.head_dim) != head_dims.end();
+}
+
+size_t Stage::workspace_bytes(const harness::Problem& p) const {
+  return forward_workspace_size(p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim);
+}
+
+const Stage* find(int number) {
+  for (const Stage& s : stages())
+    if (s.number == number) return &s;
+  return nullptr;
+}
+
+const Stage* previous(const Stage& stage, const harness::Problem& p) {
+  const Stage* prev = nullptr;
+  for (const Stage& s : stages())
+    if (s.number < stage.number && s.supports(p)) prev = &s;
+  return prev;
+}
+
+ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in) {
+  harness::DeviceBuffer<float> o(p.q_elems()), lse(p.rows());
+  harness::DeviceBuffer<unsigned char> workspace(stage.workspace_bytes(p));
+  o.poison();
+  lse.poison();
+  ForwardResult r;
+  r.status = stage.forward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch, p.heads_q, p.heads_kv,
+                           p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), p.causal, workspace.get(),
+                           workspace.bytes(), nullptr);
+  if (r.status.ok()) r.status = flash::cuda_status(cudaDeviceSynchronize());
+  if (!r.status.ok()) return r;
+  r.o = o.download();
+  r.lse = lse.download();
+  return r;
+}
+
+}  // namespace registry
