@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -44,5 +45,8 @@ struct ForwardResult {
   std::vector<float> lse;
 };
 ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in);
+
+// How GoogleTest prints a stage in a failure message.
+inline void PrintTo(const Stage& s, std::ostream* os) { *os << "stage " << s.number << " (" << s.name << ")"; }
 
 }  // namespace registry

@@ -2,7 +2,7 @@
 // before it and against the fp64 reference, and prints what each idea bought.
 //
 //   flash-stages [--stage N] [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]
-//                [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32] [--runs R] [--json]
+//                [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32] [--runs R] [--json] [--list]
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -35,7 +35,7 @@ struct Options {
 void usage() {
   std::fprintf(stderr,
                "usage: flash-stages [--stage N] [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]\n"
-               "                    [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32] [--runs R] [--json]\n"
+               "                    [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32] [--runs R] [--json] [--list]\n"
                "Runs every stage (or one) on one problem, checks it against the previous stage and an fp64\n"
                "reference, and prints time, TFLOP/s and errors. Default problem: batch 4, heads 16, seq 1024,\n"
                "head_dim 64, not causal.\n");
@@ -70,6 +70,10 @@ bool parse(int argc, char** argv, Options* opt) {
     else if (a == "--causal") p.causal = true;
     else if (a == "--json") opt->json = true;
     else if (a == "--dtype" && i + 1 < argc) opt->dtype = argv[++i];
+    else if (a == "--list") {
+      for (const registry::Stage& s : registry::stages()) std::printf("%02d  %-16s %s\n", s.number, s.name, s.lesson);
+      std::exit(0);
+    }
     else if (a == "--help" || a == "-h") { usage(); std::exit(0); }
     else ok = false;
     if (!ok) {

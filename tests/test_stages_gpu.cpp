@@ -1,0 +1,163 @@
+// Every stage against the fp64 reference and against the stage before it, over a sweep of shapes
+// that includes sequence lengths that are not tile multiples, seq_q != seq_kv, MHA, GQA and MQA.
+// Outputs are poisoned with NaN before each run, so an element a kernel forgets to write fails.
+// Without a GPU every test here skips with the reason.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <sstream>
+
+#include "reference.h"
+#include "registry.h"
+
+namespace {
+
+constexpr uint64_t kSeed = 7;
+// fp32 sums of up to a few thousand terms: a correct stage sits near 1e-7 relative, well under this.
+constexpr double kFp32Tolerance = 1e-5;
+// With extreme inputs the scores are in the hundreds and fp32 rounds each one by up to
+// |s| * 2^-24 (about 1e-5 absolute); exp turns that into a relative error of the same size in P.
+constexpr double kExtremeTolerance = 1e-4;
+// Host multiply-adds the fp64 reference may spend per case (rows * seq_kv * head_dim * 2); past this
+// it checks a spread sample of rows and the previous stage covers every element.
+constexpr double kReferenceMacs = 1 << 26;
+
+struct Case {
+  int stage_number;
+  harness::Problem problem;
+};
+
+// How GoogleTest prints a case in a failure message.
+void PrintTo(const Case& c, std::ostream* os) { *os << "stage " << c.stage_number << ", " << c.problem.describe(); }
+
+const registry::Stage& stage_of(const Case& c) { return *registry::find(c.stage_number); }
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const harness::Problem& p = info.param.problem;
+  std::ostringstream s;
+  s << "stage" << (info.param.stage_number < 10 ? "0" : "") << info.param.stage_number << "_d" << p.head_dim << "_b"
+    << p.batch << "h" << p.heads_q << "kv" << p.heads_kv << "_q" << p.seq_q << "_k" << p.seq_kv
+    << (p.causal ? "_causal" : "");
+  return s.str();
+}
+
+std::vector<Case> sweep() {
+  const int lengths[] = {1, 2, 17, 63, 64, 65, 127, 128, 129, 1000, 1024, 2049};
+  std::vector<std::pair<int, int>> seqs;
+  for (int n : lengths) seqs.push_back({n, n});
+  const std::pair<int, int> uneven[] = {{1, 2049}, {2049, 1}, {17, 1000}, {1000, 17}, {63, 129},
+                                        {129, 63}, {64, 65},  {128, 2},   {2, 128},    {1024, 127}};
+  seqs.insert(seqs.end(), std::begin(uneven), std::end(uneven));
+  const int heads[][3] = {{1, 1, 1}, {2, 3, 3}, {2, 8, 2}, {4, 8, 1}};  // batch, heads_q, heads_kv
+
+  std::vector<Case> cases;
+  for (const registry::Stage& stage : registry::stages())
+    for (int head_dim : {32, 64, 128})
+      for (const auto& h : heads)
+        for (const auto& [seq_q, seq_kv] : seqs)
+          for (bool causal : {false, true}) {
+            harness::Problem p;
+            p.batch = h[0];
+            p.heads_q = h[1];
+            p.heads_kv = h[2];
+            p.seq_q = seq_q;
+            p.seq_kv = seq_kv;
+            p.head_dim = head_dim;
+            p.causal = causal;
+            if (stage.supports(p)) cases.push_back({stage.number, p});
+          }
+  return cases;
+}
+
+void require_gpu() {
+  std::string why;
+  if (!harness::gpu_available(&why)) GTEST_SKIP() << why;
+}
+
+class StageSweep : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { require_gpu(); }
+};
+
+TEST_P(StageSweep, MatchesReferenceAndPreviousStage) {
+  const registry::Stage& stage = stage_of(GetParam());
+  const harness::Problem& p = GetParam().problem;
+  const harness::HostInputs host = harness::make_inputs(p, kSeed);
+  const harness::DeviceInputs dev(host);
+
+  const registry::ForwardResult got = registry::run_forward(stage, p, dev);
+  ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+  EXPECT_EQ(harness::count_nonfinite(got.o), 0u) << "unwritten or non-finite output";
+
+  const long long max_rows = std::max(64LL, static_cast<long long>(kReferenceMacs / (2.0 * p.seq_kv * p.head_dim)));
+  const std::vector<long long> rows = harness::sample_rows(p.rows(), max_rows);
+  const reference::ForwardRows ref = reference::forward_rows(p, host, rows);
+  const harness::ErrorStats o_err = harness::compare(harness::gather_rows(got.o, rows, p.head_dim), ref.o);
+  EXPECT_TRUE(o_err.within(kFp32Tolerance)) << "O vs reference: " << o_err.describe();
+  const harness::ErrorStats lse_err = harness::compare(harness::gather_rows(got.lse, rows, 1), ref.lse);
+  EXPECT_TRUE(lse_err.within(kFp32Tolerance)) << "lse vs reference: " << lse_err.describe();
+
+  if (const registry::Stage* prev = registry::previous(stage, p)) {
+    const registry::ForwardResult before = registry::run_forward(*prev, p, dev);
+    ASSERT_TRUE(before.status.ok()) << flash::to_string(before.status);
+    const harness::ErrorStats prev_err = harness::compare(got.o, before.o);
+    EXPECT_TRUE(prev_err.within(kFp32Tolerance)) << "O vs stage " << prev->number << ": " << prev_err.describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, StageSweep, ::testing::ValuesIn(sweep()), case_name);
+
+// Extreme inputs: scaled scores reach several hundred, past expf's overflow near 88.7.
+harness::Problem extreme_problem() {
+  harness::Problem p;
+  p.batch = 2;
+  p.heads_q = 3;
+  p.heads_kv = 3;
+  p.seq_q = 129;
+  p.seq_kv = 1000;
+  p.head_dim = 64;
+  return p;
+}
+
+// The lesson of stage 01, asserted: exp(s) overflows to inf, inf / inf is NaN.
+TEST(stage01_naive, ExtremeScoresOverflowToNaN) {
+  require_gpu();
+  const harness::Problem p = extreme_problem();
+  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed, harness::InputKind::kExtreme));
+  const registry::ForwardResult got = registry::run_forward(*registry::find(1), p, dev);
+  ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+  EXPECT_GT(harness::count_nonfinite(got.o), 0u) << "stage 01 was expected to overflow on extreme scores";
+}
+
+class ExtremeInputs : public ::testing::TestWithParam<registry::Stage> {
+ protected:
+  void SetUp() override { require_gpu(); }
+};
+
+TEST_P(ExtremeInputs, StayFiniteAndCorrect) {
+  const harness::Problem p = extreme_problem();
+  const harness::HostInputs host = harness::make_inputs(p, kSeed, harness::InputKind::kExtreme);
+  const harness::DeviceInputs dev(host);
+  const registry::ForwardResult got = registry::run_forward(GetParam(), p, dev);
+  ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+  const reference::ForwardRows ref = reference::forward(p, host);
+  const harness::ErrorStats o_err = harness::compare(got.o, ref.o);
+  EXPECT_TRUE(o_err.within(kExtremeTolerance)) << o_err.describe();
+  const harness::ErrorStats lse_err = harness::compare(got.lse, ref.lse);
+  EXPECT_TRUE(lse_err.within(kFp32Tolerance)) << lse_err.describe();
+}
+
+std::vector<registry::Stage> overflow_safe_stages() {
+  std::vector<registry::Stage> safe;  // every stage after 01, whose overflow is the point of its own test
+  for (const registry::Stage& s : registry::stages())
+    if (s.number > 1) safe.push_back(s);
+  return safe;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ExtremeInputs, ::testing::ValuesIn(overflow_safe_stages()),
+                         [](const ::testing::TestParamInfo<registry::Stage>& info) {
+                           return std::string("stage") + (info.param.number < 10 ? "0" : "") +
+                                  std::to_string(info.param.number);
+                         });
+
+}  // namespace

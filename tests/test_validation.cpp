@@ -1,0 +1,151 @@
+// Every stage checks its arguments before any launch, so these run on the host with fake (never
+// dereferenced) device pointers: a bad call must come back with the right status and a message
+// naming the argument, and must not touch the GPU.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "registry.h"
+
+namespace {
+
+// Well-formed arguments for a problem the stage supports; each test breaks one thing.
+struct Call {
+  // Fake addresses on a 256-byte boundary; a valid call would fail only when a kernel launches.
+  const float* q = reinterpret_cast<const float*>(std::uintptr_t{0x10000});
+  const float* k = reinterpret_cast<const float*>(std::uintptr_t{0x20000});
+  const float* v = reinterpret_cast<const float*>(std::uintptr_t{0x30000});
+  float* o = reinterpret_cast<float*>(std::uintptr_t{0x40000});
+  float* lse = reinterpret_cast<float*>(std::uintptr_t{0x50000});
+  int batch = 2, heads_q = 4, heads_kv = 2, seq_q = 33, seq_kv = 65, head_dim = 64;
+  float scale = 0.125f;
+  bool causal = false;
+  void* workspace = reinterpret_cast<void*>(std::uintptr_t{0x60000});
+  size_t workspace_bytes = 0;
+
+  explicit Call(const registry::Stage& s)
+      : workspace_bytes(s.forward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim)) {}
+  flash::Status run(const registry::Stage& s) const {
+    return s.forward(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, workspace,
+                     workspace_bytes, nullptr);
+  }
+};
+
+class StageValidation : public ::testing::TestWithParam<registry::Stage> {
+ protected:
+  const registry::Stage& stage() const { return GetParam(); }
+  // Runs the call, expects `code`, and checks that the message names `argument`.
+  void expect(const Call& call, flash::StatusCode code, const std::string& argument) {
+    const cudaError_t pending_before = cudaPeekAtLastError();
+    const flash::Status s = call.run(stage());
+    EXPECT_EQ(s.code, code) << flash::to_string(s);
+    const std::string message = flash::to_string(s);
+    EXPECT_NE(message.find(argument), std::string::npos) << "message '" << message << "' should name " << argument;
+    // No launch was attempted, so no new CUDA error is pending.
+    EXPECT_EQ(cudaPeekAtLastError(), pending_before);
+  }
+};
+
+TEST_P(StageValidation, NullPointersAreNamed) {
+  for (auto field : {&Call::q, &Call::k, &Call::v}) {
+    Call c(stage());
+    c.*field = nullptr;
+    expect(c, flash::StatusCode::kNullPointer, field == &Call::q ? "q" : field == &Call::k ? "k" : "v");
+  }
+  Call c(stage());
+  c.o = nullptr;
+  expect(c, flash::StatusCode::kNullPointer, "o");
+}
+
+TEST_P(StageValidation, ZeroAndNegativeSizesAreNamed) {
+  for (int bad : {0, -3}) {
+    for (auto [field, name] : {std::pair{&Call::batch, "batch"}, {&Call::heads_q, "heads_q"},
+                               {&Call::heads_kv, "heads_kv"}, {&Call::seq_q, "seq_q"}, {&Call::seq_kv, "seq_kv"},
+                               {&Call::head_dim, "head_dim"}}) {
+      Call c(stage());
+      c.*field = bad;
+      expect(c, flash::StatusCode::kInvalidDimension, std::string(name) + " = " + std::to_string(bad));
+    }
+  }
+}
+
+TEST_P(StageValidation, SizesPastTheIndexRangeAreRefused) {
+  Call c(stage());
+  c.batch = 1 << 20;
+  c.heads_q = 1 << 8;
+  c.heads_kv = 1 << 8;
+  expect(c, flash::StatusCode::kInvalidDimension, "batch*heads_q*seq_q");
+}
+
+TEST_P(StageValidation, UnsupportedHeadDim) {
+  for (int d : {1, 16, 48, 96, 256}) {
+    Call c(stage());
+    c.head_dim = d;
+    expect(c, flash::StatusCode::kHeadDimNotSupported, "head_dim = " + std::to_string(d));
+  }
+}
+
+TEST_P(StageValidation, HeadsNotAMultiple) {
+  Call c(stage());
+  c.heads_q = 6;
+  c.heads_kv = 4;
+  expect(c, flash::StatusCode::kHeadsNotDivisible, "heads_q = 6, heads_kv = 4");
+}
+
+TEST_P(StageValidation, NonFiniteScale) {
+  Call c(stage());
+  c.scale = std::numeric_limits<float>::quiet_NaN();
+  expect(c, flash::StatusCode::kInvalidArgument, "scale");
+}
+
+TEST_P(StageValidation, MisalignedPointersAreNamed) {
+  Call c(stage());
+  c.q += 1;  // 4 bytes past a 16-byte boundary
+  expect(c, flash::StatusCode::kMisalignedPointer, "q");
+  Call d(stage());
+  d.lse += 2;
+  expect(d, flash::StatusCode::kMisalignedPointer, "lse");
+}
+
+using StageWithoutCausal = StageValidation;
+TEST_P(StageWithoutCausal, CausalIsRefused) {
+  Call c(stage());
+  c.causal = true;
+  expect(c, flash::StatusCode::kNotSupported, "causal");
+}
+
+using StageWithWorkspace = StageValidation;
+TEST_P(StageWithWorkspace, WorkspaceTooSmallOrNull) {
+  Call c(stage());
+  const size_t needed = c.workspace_bytes;
+  c.workspace_bytes = needed - 1;
+  expect(c, flash::StatusCode::kWorkspaceTooSmall, "needs " + std::to_string(needed));
+  Call d(stage());
+  d.workspace = nullptr;
+  expect(d, flash::StatusCode::kNullPointer, "workspace");
+}
+
+std::string stage_name(const ::testing::TestParamInfo<registry::Stage>& info) {
+  return std::string("stage") + (info.param.number < 10 ? "0" : "") + std::to_string(info.param.number);
+}
+
+std::vector<registry::Stage> stages_where(bool (*keep)(const registry::Stage&)) {
+  std::vector<registry::Stage> kept;
+  for (const registry::Stage& s : registry::stages())
+    if (keep(s)) kept.push_back(s);
+  return kept;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, StageValidation, ::testing::ValuesIn(registry::stages()), stage_name);
+INSTANTIATE_TEST_SUITE_P(Stages, StageWithoutCausal,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return !s.causal; })),
+                         stage_name);
+INSTANTIATE_TEST_SUITE_P(Stages, StageWithWorkspace,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) {
+                           return Call(s).workspace_bytes > 0;
+                         })),
+                         stage_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StageWithoutCausal);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StageWithWorkspace);
+
+}  // namespace
