@@ -1,0 +1,183 @@
+// flash-stages-bench: times the forward of every stage in the registry over the FlashAttention
+// benchmark grid. Stages are found by walking registry::stages(), so a new stage is benchmarked as
+// soon as it is registered.
+//
+// Google Benchmark writes the JSON the plots read:
+//   build/bin/flash-stages-bench --benchmark_filter=stage03
+//       --benchmark_out=bench/results/stage03.json --benchmark_out_format=json   (one line)
+// (--benchmark_format=json prints the same to stdout.)
+//
+// Each case times every iteration with CUDA events and reports the median as the counter
+// median_ms; TFLOP/s and GB/s are computed from that median. One repetition of many iterations
+// rather than Repetitions(3): the O(N^2)-memory stages take about a second per call at N = 16384,
+// so three repetitions of the whole grid would run past the few minutes this binary should take,
+// and the median over iterations already discards outliers.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness.h"
+#include "registry.h"
+
+namespace {
+
+constexpr int kExitNoGpu = 2;  // as in the course runner, so scripts can tell "no GPU" from a failure
+constexpr uint64_t kSeed = 2024;
+
+// The grid of FlashAttention's benchmarks/benchmark_flash_attention.py: batch * seq = 16384 tokens
+// and heads * head_dim = 2048 (the model width), so every point does the same amount of I/O and the
+// attention work grows with N alone.
+constexpr int kTokens = 16384;
+constexpr int kModelDim = 2048;
+const std::vector<int> kSeqLens = {512, 1024, 2048, 4096, 8192, 16384};
+const std::vector<int> kHeadDims = {64, 128};
+
+// Enough time per case for tens of iterations of the fast stages; a slow stage at N = 16384 gets
+// one timed call, which keeps the whole grid within a few minutes on an H100.
+constexpr double kMinTimeSeconds = 0.1;
+// Leave room for the CUDA context, allocator granularity and fragmentation.
+constexpr double kUsableFreeMemory = 0.9;
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+harness::Problem make_problem(int seq, int head_dim, bool causal) {
+  harness::Problem p;
+  p.batch = kTokens / seq;
+  p.heads_q = p.heads_kv = kModelDim / head_dim;
+  p.seq_q = p.seq_kv = seq;
+  p.head_dim = head_dim;
+  p.causal = causal;
+  return p;
+}
+
+// Every grid point holds kTokens * kModelDim elements per tensor, and Google Benchmark calls a case
+// several times while it settles on an iteration count; generating the inputs takes seconds, so
+// they are made once and kept while the sizes stay the same.
+const harness::DeviceInputs& inputs_for(const harness::Problem& p) {
+  static std::unique_ptr<harness::DeviceInputs> cached;
+  if (!cached || cached->q.size() != static_cast<size_t>(p.q_elems()) ||
+      cached->k.size() != static_cast<size_t>(p.kv_elems())) {
+    cached.reset();  // free the old inputs before allocating new ones
+    cached = std::make_unique<harness::DeviceInputs>(harness::make_inputs(p, kSeed));
+  }
+  return *cached;
+}
+
+struct Event {
+  cudaEvent_t event;
+  Event() { harness::cuda_check(cudaEventCreate(&event), "cudaEventCreate"); }
+  ~Event() { cudaEventDestroy(event); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+};
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  const size_t n = x.size();
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+void bench_forward(benchmark::State& state, const registry::Stage& stage, int head_dim, bool causal) {
+  const harness::Problem p = make_problem(static_cast<int>(state.range(0)), head_dim, causal);
+  try {
+    const harness::DeviceInputs& in = inputs_for(p);
+    const size_t workspace_bytes = stage.workspace_bytes(p);
+    const size_t output_bytes = (p.q_elems() + p.rows()) * sizeof(float);
+    // The inputs are already on the device, so free memory has them counted out.
+    size_t free_bytes = 0, total_bytes = 0;
+    harness::cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    if (workspace_bytes + output_bytes > kUsableFreeMemory * free_bytes) {
+      char msg[160];
+      std::snprintf(msg, sizeof msg, "workspace of %.1f GiB does not fit in %.1f GiB of free GPU memory",
+                    workspace_bytes / kGiB, free_bytes / kGiB);
+      state.SkipWithError(msg);
+      return;
+    }
+    harness::DeviceBuffer<float> o(p.q_elems()), lse(p.rows());
+    harness::DeviceBuffer<unsigned char> workspace(workspace_bytes);
+    auto forward = [&] {
+      return stage.forward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch, p.heads_q, p.heads_kv,
+                           p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), p.causal, workspace.get(),
+                           workspace.bytes(), nullptr);
+    };
+
+    // The first call pays for module loading and cold caches.
+    flash::Status status = forward();
+    if (!status.ok()) {
+      state.SkipWithError(flash::to_string(status).c_str());
+      return;
+    }
+    harness::cuda_check(cudaDeviceSynchronize(), "warm-up");
+
+    Event start, stop;
+    std::vector<double> ms;
+    for (auto _ : state) {
+      harness::cuda_check(cudaEventRecord(start.event), "cudaEventRecord");
+      status = forward();
+      harness::cuda_check(cudaEventRecord(stop.event), "cudaEventRecord");
+      harness::cuda_check(cudaEventSynchronize(stop.event), "cudaEventSynchronize");
+      if (!status.ok()) {
+        state.SkipWithError(flash::to_string(status).c_str());
+        break;
+      }
+      float elapsed_ms = 0.0f;
+      harness::cuda_check(cudaEventElapsedTime(&elapsed_ms, start.event, stop.event), "cudaEventElapsedTime");
+      ms.push_back(elapsed_ms);
+      state.SetIterationTime(elapsed_ms / 1e3);
+    }
+    if (ms.empty()) return;
+
+    // Plain counters, not kIsRate: with manual time, benchmark's rates would divide by CPU time.
+    const double seconds = median(ms) / 1e3;
+    state.counters["median_ms"] = seconds * 1e3;
+    state.counters["TFLOP/s"] = harness::forward_flops(p) / seconds / 1e12;
+    state.counters["GB/s"] = harness::forward_compulsory_bytes(p) / seconds / 1e9;
+    state.counters["workspace_bytes"] = static_cast<double>(workspace_bytes);
+  } catch (const std::exception& e) {
+    // A failed allocation or CUDA call skips this case; the next one may still fit.
+    state.SkipWithError(e.what());
+  }
+}
+
+void register_benchmarks() {
+  for (const registry::Stage& stage : registry::stages()) {
+    for (int head_dim : kHeadDims) {
+      for (bool causal : {false, true}) {
+        // Every N shares head_dim and causal, so the first grid point decides support.
+        if (!stage.supports(make_problem(kSeqLens.front(), head_dim, causal))) continue;
+        const std::string name = std::string("stage") + stage.folder + "/d" + std::to_string(head_dim) + "/causal" +
+                                 (causal ? "1" : "0");
+        benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
+            name.c_str(), [&stage, head_dim, causal](benchmark::State& state) {
+              bench_forward(state, stage, head_dim, causal);
+            });
+        b->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
+        for (int seq : kSeqLens) b->Arg(seq);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  std::string why;
+  if (!harness::gpu_available(&why)) {
+    std::printf("flash-stages-bench: %s; the stages need an NVIDIA GPU to run.\n", why.c_str());
+    return kExitNoGpu;
+  }
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) benchmark::AddCustomContext("gpu", prop.name);
+  register_benchmarks();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
