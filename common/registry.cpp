@@ -5,6 +5,8 @@
 #include "01_naive/naive.h"
 #include "02_safe_softmax/safe_softmax.h"
 #include "03_online_softmax/online_softmax.h"
+#include "04_tiled/tiled.h"
+#include "05_warp_shuffle/warp_shuffle.h"
 
 namespace registry {
 
@@ -17,6 +19,11 @@ const std::vector<Stage>& stages() {
       {3, "03_online_softmax", "online softmax",
        "one fused pass with a running max and sum: O(N) memory, no workspace", false, false, "fp32", {32, 64, 128},
        stage03::forward, stage03::forward_workspace_size},
+      {4, "04_tiled", "tiled", "K/V tiles in shared memory, shared by a block of query rows (FA2 loop order)", false,
+       false, "fp32", {32, 64, 128}, stage04::forward, stage04::forward_workspace_size},
+      {5, "05_warp_shuffle", "warp shuffle",
+       "warps own rows; scores and O in registers; row max/sum by __shfl_xor_sync butterflies", false, false, "fp32",
+       {32, 64, 128}, stage05::forward, stage05::forward_workspace_size},
   };
   return all;
 }

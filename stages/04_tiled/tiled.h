@@ -1,0 +1,21 @@
+// Stage 04: tiled shared-memory forward, FlashAttention-2 loop order. A thread block owns a tile of
+// query rows and streams K/V tiles through shared memory; each K/V element is read from global
+// memory once per block instead of once per query row. Tensors are contiguous fp32 on the device:
+// q, o [batch, heads_q, seq_q, head_dim]; k, v [batch, heads_kv, seq_kv, head_dim];
+// lse [batch, heads_q, seq_q] (may be null).
+#pragma once
+
+#include <cstddef>
+
+#include "flash_stage.cuh"
+
+namespace stage04 {
+
+// 0: the score tile lives in shared memory.
+size_t forward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
+
+flash::Status forward(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
+                      int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace stage04

@@ -1,0 +1,21 @@
+// Stage 05: warp-shuffle reductions and register tiles. Each warp owns a band of query rows and
+// keeps their scores, running statistics and output accumulators in registers; the row max and sum
+// come from __shfl_xor_sync butterflies. Tensors are contiguous fp32 on the device:
+// q, o [batch, heads_q, seq_q, head_dim]; k, v [batch, heads_kv, seq_kv, head_dim];
+// lse [batch, heads_q, seq_q] (may be null).
+#pragma once
+
+#include <cstddef>
+
+#include "flash_stage.cuh"
+
+namespace stage05 {
+
+// 0: scores live in registers.
+size_t forward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
+
+flash::Status forward(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
+                      int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace stage05
