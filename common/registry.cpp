@@ -7,6 +7,7 @@
 #include "03_online_softmax/online_softmax.h"
 #include "04_tiled/tiled.h"
 #include "05_warp_shuffle/warp_shuffle.h"
+#include "06_causal/causal.h"
 
 namespace registry {
 
@@ -24,6 +25,8 @@ const std::vector<Stage>& stages() {
       {5, "05_warp_shuffle", "warp shuffle",
        "warps own rows; scores and O in registers; row max/sum by __shfl_xor_sync butterflies", false, false, "fp32",
        {32, 64, 128}, stage05::forward, stage05::forward_workspace_size},
+      {6, "06_causal", "causal", "causal masking: K/V tiles above the diagonal skipped, only diagonal tiles masked",
+       true, false, "fp32", {32, 64, 128}, stage06::forward, stage06::forward_workspace_size},
   };
   return all;
 }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 
 #include "reference.h"
@@ -67,6 +68,17 @@ std::vector<Case> sweep() {
             if (stage.supports(p)) cases.push_back({stage.number, p});
           }
   return cases;
+}
+
+std::string stage_label(const ::testing::TestParamInfo<registry::Stage>& info) {
+  return std::string("stage") + (info.param.number < 10 ? "0" : "") + std::to_string(info.param.number);
+}
+
+std::vector<registry::Stage> stages_where(bool (*keep)(const registry::Stage&)) {
+  std::vector<registry::Stage> kept;
+  for (const registry::Stage& s : registry::stages())
+    if (keep(s)) kept.push_back(s);
+  return kept;
 }
 
 void require_gpu() {
@@ -147,17 +159,148 @@ TEST_P(ExtremeInputs, StayFiniteAndCorrect) {
   EXPECT_TRUE(lse_err.within(kFp32Tolerance)) << lse_err.describe();
 }
 
-std::vector<registry::Stage> overflow_safe_stages() {
-  std::vector<registry::Stage> safe;  // every stage after 01, whose overflow is the point of its own test
-  for (const registry::Stage& s : registry::stages())
-    if (s.number > 1) safe.push_back(s);
-  return safe;
+// Every stage after 01, whose overflow is the point of its own test above.
+INSTANTIATE_TEST_SUITE_P(Stages, ExtremeInputs,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.number > 1; })),
+                         stage_label);
+
+class EveryStage : public ::testing::TestWithParam<registry::Stage> {
+ protected:
+  void SetUp() override { require_gpu(); }
+};
+
+// The same inputs twice give the same bits: no atomics, no order that depends on scheduling.
+TEST_P(EveryStage, IsDeterministic) {
+  harness::Problem p;
+  p.batch = 2;
+  p.heads_q = 8;
+  p.heads_kv = 2;
+  p.seq_q = 1000;
+  p.seq_kv = 1024;
+  p.causal = GetParam().causal;
+  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
+  const registry::ForwardResult first = registry::run_forward(GetParam(), p, dev);
+  const registry::ForwardResult second = registry::run_forward(GetParam(), p, dev);
+  ASSERT_TRUE(first.status.ok() && second.status.ok());
+  EXPECT_EQ(0, std::memcmp(first.o.data(), second.o.data(), first.o.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(first.lse.data(), second.lse.data(), first.lse.size() * sizeof(float)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, ExtremeInputs, ::testing::ValuesIn(overflow_safe_stages()),
-                         [](const ::testing::TestParamInfo<registry::Stage>& info) {
-                           return std::string("stage") + (info.param.number < 10 ? "0" : "") +
-                                  std::to_string(info.param.number);
-                         });
+// One long sequence, one head: 32768 keys per row, 16 times the longest of the sweep.
+TEST_P(EveryStage, LongSequenceMatchesPreviousStage) {
+  harness::Problem p;
+  p.seq_q = p.seq_kv = 32768;
+  const registry::Stage* prev = registry::previous(GetParam(), p);
+  ASSERT_NE(prev, nullptr);
+  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
+  const registry::ForwardResult got = registry::run_forward(GetParam(), p, dev);
+  const registry::ForwardResult before = registry::run_forward(*prev, p, dev);
+  ASSERT_TRUE(got.status.ok() && before.status.ok());
+  const harness::ErrorStats err = harness::compare(got.o, before.o);
+  EXPECT_TRUE(err.within(kFp32Tolerance)) << "vs stage " << prev->number << ": " << err.describe();
+  EXPECT_TRUE(harness::compare(got.lse, before.lse).within(kFp32Tolerance));
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, EveryStage, ::testing::ValuesIn(stages_where([](const registry::Stage& s) {
+                           return s.number > 1;  // stage 01 has no stage before it
+                         })),
+                         stage_label);
+
+// O(N) memory: at seq 131072 the score matrix alone is 64 GiB. Stages that materialize it refuse to
+// be run there by the runner and the benchmark; the fused ones run and agree with the reference.
+class LongestSequence : public ::testing::TestWithParam<registry::Stage> {
+ protected:
+  void SetUp() override { require_gpu(); }
+};
+
+TEST_P(LongestSequence, RunsInLinearMemory) {
+  harness::Problem p;
+  p.seq_q = p.seq_kv = 131072;
+  const size_t workspace = GetParam().workspace_bytes(p);
+  if (workspace > 0) {
+    EXPECT_EQ(workspace, static_cast<size_t>(p.seq_q) * p.seq_kv * sizeof(float));
+    return;
+  }
+  const harness::HostInputs host = harness::make_inputs(p, kSeed);
+  const harness::DeviceInputs dev(host);
+  const registry::ForwardResult got = registry::run_forward(GetParam(), p, dev);
+  ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+  const std::vector<long long> rows = harness::sample_rows(p.rows(), 64);
+  const reference::ForwardRows ref = reference::forward_rows(p, host, rows);
+  const harness::ErrorStats err = harness::compare(harness::gather_rows(got.o, rows, p.head_dim), ref.o);
+  EXPECT_TRUE(err.within(kFp32Tolerance)) << err.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, LongestSequence, ::testing::ValuesIn(registry::stages()), stage_label);
+
+// Causal independence: a row's output depends only on the keys it may see. Replacing K and V at
+// every key from `cut` on must leave each row that stops before `cut` bit for bit unchanged, and
+// must change the rows that see past it.
+class CausalStage : public ::testing::TestWithParam<registry::Stage> {
+ protected:
+  void SetUp() override { require_gpu(); }
+};
+
+TEST_P(CausalStage, HiddenKeysDoNotAffectOutput) {
+  for (const auto& [seq_q, seq_kv] : {std::pair{200, 200}, {100, 300}, {300, 100}, {129, 1000}, {1000, 129}}) {
+    harness::Problem p;
+    p.batch = 2;
+    p.heads_q = 4;
+    p.heads_kv = 2;
+    p.seq_q = seq_q;
+    p.seq_kv = seq_kv;
+    p.causal = true;
+    const int cut = seq_kv / 2;
+    harness::HostInputs host = harness::make_inputs(p, kSeed);
+    const registry::ForwardResult before = registry::run_forward(GetParam(), p, harness::DeviceInputs(host));
+    const harness::HostInputs other = harness::make_inputs(p, kSeed + 1);
+    for (long long e = 0; e < p.kv_elems(); ++e)
+      if ((e / p.head_dim) % seq_kv >= cut) {
+        host.k[e] = other.k[e];
+        host.v[e] = other.v[e];
+      }
+    const registry::ForwardResult after = registry::run_forward(GetParam(), p, harness::DeviceInputs(host));
+    ASSERT_TRUE(before.status.ok() && after.status.ok());
+
+    long long unchanged_rows = 0, changed_rows = 0;
+    for (long long row = 0; row < p.rows(); ++row) {
+      const int query = static_cast<int>(row % seq_q);
+      const bool sees_past_cut = flash::causal_key_end(query, seq_q, seq_kv) > cut;
+      const bool same = std::memcmp(&before.o[row * p.head_dim], &after.o[row * p.head_dim],
+                                    p.head_dim * sizeof(float)) == 0 &&
+                        std::memcmp(&before.lse[row], &after.lse[row], sizeof(float)) == 0;
+      if (!sees_past_cut) {
+        EXPECT_TRUE(same) << "row " << row << " sees no key past " << cut << " but changed (" << p.describe() << ")";
+        ++unchanged_rows;
+      } else if (!same) {
+        ++changed_rows;
+      }
+    }
+    EXPECT_GT(unchanged_rows, 0) << p.describe();
+    EXPECT_GT(changed_rows, 0) << p.describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, CausalStage,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.causal; })),
+                         stage_label);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CausalStage);
+
+// Extreme inputs with the causal mask: rows that see few keys have the sharpest softmax.
+class CausalExtreme : public CausalStage {};
+TEST_P(CausalExtreme, StaysFiniteAndCorrect) {
+  harness::Problem p = extreme_problem();
+  p.causal = true;
+  const harness::HostInputs host = harness::make_inputs(p, kSeed, harness::InputKind::kExtreme);
+  const registry::ForwardResult got = registry::run_forward(GetParam(), p, harness::DeviceInputs(host));
+  ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+  const reference::ForwardRows ref = reference::forward(p, host);
+  EXPECT_TRUE(harness::compare(got.o, ref.o).within(kExtremeTolerance)) << harness::compare(got.o, ref.o).describe();
+  EXPECT_TRUE(harness::compare(got.lse, ref.lse).within(kFp32Tolerance));
+}
+INSTANTIATE_TEST_SUITE_P(Stages, CausalExtreme,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.causal; })),
+                         stage_label);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CausalExtreme);
 
 }  // namespace

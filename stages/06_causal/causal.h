@@ -1,0 +1,21 @@
+// Stage 06: causal masking. Stage 05's kernel with causal = true supported, bottom-right aligned
+// (query i sees key j iff j <= i + seq_kv - seq_q); K/V tiles wholly above the diagonal are
+// skipped, not computed and masked. Tensors are contiguous fp32 on the device:
+// q, o [batch, heads_q, seq_q, head_dim]; k, v [batch, heads_kv, seq_kv, head_dim];
+// lse [batch, heads_q, seq_q] (may be null).
+#pragma once
+
+#include <cstddef>
+
+#include "flash_stage.cuh"
+
+namespace stage06 {
+
+// 0: scores live in registers.
+size_t forward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
+
+flash::Status forward(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
+                      int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace stage06
