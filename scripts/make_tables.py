@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Turns measured results into the Markdown tables of README.md and the lessons.
+
+Every figure in those tables comes from a file under bench/results/, written on the GPU machine by
+scripts/gpu_check.sh (the benchmark's JSON and the runner's output). Nothing is typed by hand:
+
+    python3 scripts/make_tables.py --update README.md stages/*/README.md
+
+rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` with table NAME:
+  course      every stage at batch 4, 16 heads, seq 4096, head_dim 64 and 128 (non-causal; causal
+              for the stages that support it): TFLOP/s, share of the fp32 peak, speedup
+  stage-NN    stage NN over sequence lengths 512 .. 16384
+  runner      the course runner's table, verbatim
+Without --update it prints every table.
+"""
+import argparse
+import json
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench/results/h100_bench.json"
+RUNNER = ROOT / "bench/results/h100_runner.txt"
+# H100 SXM datasheet FP32 (FFMA) peak, as listed in ../shared/perf-anchors.md.
+FP32_PEAK_TFLOPS = 67.0
+COURSE_SEQ = 4096
+NAME = re.compile(r"stage(\d\d)_(\w+)/d(\d+)/causal(\d)/seq:(\d+)")
+
+
+def load_bench():
+    runs = {}
+    for b in json.loads(BENCH.read_text())["benchmarks"]:
+        m = NAME.match(b["name"])
+        if not m or "TFLOP/s" not in b:
+            continue
+        stage, name, d, causal, seq = int(m[1]), m[2], int(m[3]), m[4] == "1", int(m[5])
+        runs[(stage, d, causal, seq)] = {"name": name, "tflops": b["TFLOP/s"], "ms": b["median_ms"]}
+    return runs
+
+
+def course_table(runs):
+    lines = ["| stage | head_dim | causal | time (ms) | TFLOP/s | of fp32 peak | vs previous stage |",
+             "|---|---|---|---|---|---|---|"]
+    for d in (64, 128):
+        for causal in (False, True):
+            prev = None
+            for stage in sorted({k[0] for k in runs}):
+                r = runs.get((stage, d, causal, COURSE_SEQ))
+                if not r:
+                    continue
+                speedup = f"{r['tflops'] / prev:.2f}x" if prev else "–"
+                if causal and (stage, d, False, COURSE_SEQ) in runs:
+                    speedup = f"time {r['ms'] / runs[(stage, d, False, COURSE_SEQ)]['ms']:.2f}x of non-causal"
+                lines.append(f"| {stage:02d} {r['name']} | {d} | {'yes' if causal else 'no'} | {r['ms']:.2f} | "
+                             f"{r['tflops']:.2f} | {100 * r['tflops'] / FP32_PEAK_TFLOPS:.0f}% | {speedup} |")
+                prev = r["tflops"]
+    lines.append("")
+    lines.append(f"Batch {16384 // COURSE_SEQ}, 16 heads, seq {COURSE_SEQ}, fp32, on the H100 of the course; TFLOP/s "
+                 f"by the FlashAttention convention (4·B·H·N²·d, halved when causal); fp32 peak "
+                 f"{FP32_PEAK_TFLOPS:.0f} TFLOP/s. From `bench/results/h100_bench.json`.")
+    return "\n".join(lines)
+
+
+def stage_table(runs, stage):
+    keys = sorted({(k[1], k[2]) for k in runs if k[0] == stage})
+    seqs = sorted({k[3] for k in runs if k[0] == stage})
+    head = "| head_dim | causal | " + " | ".join(f"N={s}" for s in seqs) + " |"
+    lines = [head, "|" + "---|" * (2 + len(seqs))]
+    for d, causal in keys:
+        cells = []
+        for s in seqs:
+            r = runs.get((stage, d, causal, s))
+            cells.append(f"{r['tflops']:.2f}" if r else "–")
+        lines.append(f"| {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("TFLOP/s; batch·N = 16384 tokens, 16 heads. From `bench/results/h100_bench.json`.")
+    return "\n".join(lines)
+
+
+def runner_table():
+    lines = RUNNER.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if " | " in line)  # skip nvidia-smi's lines
+    return "```\n" + "\n".join(lines[first:]).strip() + "\n```"
+
+
+def tables():
+    runs = load_bench()
+    out = {"course": course_table(runs), "runner": runner_table()}
+    for stage in sorted({k[0] for k in runs}):
+        out[f"stage-{stage:02d}"] = stage_table(runs, stage)
+    return out
+
+
+def update(path, all_tables):
+    text = path.read_text()
+
+    def fill(m):
+        name = m[1]
+        if name not in all_tables:
+            raise SystemExit(f"{path}: no table named {name}")
+        return f"<!-- table:{name} -->\n{all_tables[name]}\n<!-- /table:{name} -->"
+
+    new = re.sub(r"<!-- table:([\w-]+) -->.*?<!-- /table:\1 -->", fill, text, flags=re.S)
+    if new != text:
+        path.write_text(new)
+        print(f"updated {path}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--update", nargs="+", type=pathlib.Path, help="files whose table regions to rewrite")
+    args = parser.parse_args()
+    all_tables = tables()
+    if args.update:
+        for path in args.update:
+            update(path, all_tables)
+    else:
+        for name, table in all_tables.items():
+            print(f"## {name}\n\n{table}\n")
+
+
+if __name__ == "__main__":
+    main()
