@@ -14,19 +14,19 @@ namespace registry {
 const std::vector<Stage>& stages() {
   static const std::vector<Stage> all = {
       {1, "01_naive", "naive", "S = QK^T in memory, softmax as exp(s)/sum exp(s), O = PV: O(N^2) memory, overflows",
-       false, false, "fp32", {32, 64, 128}, stage01::forward, stage01::forward_workspace_size},
+       false, "fp32", {32, 64, 128}, stage01::forward, stage01::forward_workspace_size},
       {2, "02_safe_softmax", "safe softmax", "subtract the row max before exp: no overflow, still O(N^2) memory",
-       false, false, "fp32", {32, 64, 128}, stage02::forward, stage02::forward_workspace_size},
+       false, "fp32", {32, 64, 128}, stage02::forward, stage02::forward_workspace_size},
       {3, "03_online_softmax", "online softmax",
-       "one fused pass with a running max and sum: O(N) memory, no workspace", false, false, "fp32", {32, 64, 128},
+       "one fused pass with a running max and sum: O(N) memory, no workspace", false, "fp32", {32, 64, 128},
        stage03::forward, stage03::forward_workspace_size},
       {4, "04_tiled", "tiled", "K/V tiles in shared memory, shared by a block of query rows (FA2 loop order)", false,
-       false, "fp32", {32, 64, 128}, stage04::forward, stage04::forward_workspace_size},
+       "fp32", {32, 64, 128}, stage04::forward, stage04::forward_workspace_size},
       {5, "05_warp_shuffle", "warp shuffle",
-       "warps own rows; scores and O in registers; row max/sum by __shfl_xor_sync butterflies", false, false, "fp32",
+       "warps own rows; scores and O in registers; row max/sum by __shfl_xor_sync butterflies", false, "fp32",
        {32, 64, 128}, stage05::forward, stage05::forward_workspace_size},
       {6, "06_causal", "causal", "causal masking: K/V tiles above the diagonal skipped, only diagonal tiles masked",
-       true, false, "fp32", {32, 64, 128}, stage06::forward, stage06::forward_workspace_size},
+       true, "fp32", {32, 64, 128}, stage06::forward, stage06::forward_workspace_size},
   };
   return all;
 }

@@ -16,6 +16,11 @@ using ForwardFn = flash::Status (*)(const float* q, const float* k, const float*
                                     int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale,
                                     bool causal, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 using WorkspaceFn = size_t (*)(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
+// dQ, dK, dV from dO, given the forward's O and lse (stage 07 on).
+using BackwardFn = flash::Status (*)(const float* q, const float* k, const float* v, const float* o, const float* lse,
+                                     const float* d_o, float* dq, float* dk, float* dv, int batch, int heads_q,
+                                     int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal,
+                                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 struct Stage {
   int number;
@@ -23,11 +28,12 @@ struct Stage {
   const char* name;
   const char* lesson;  // the one idea this stage adds
   bool causal;         // accepts causal = true
-  bool backward;
   const char* dtype;
   std::vector<int> head_dims;
   ForwardFn forward;
   WorkspaceFn forward_workspace_size;
+  BackwardFn backward = nullptr;  // null: the stage has no backward
+  WorkspaceFn backward_workspace_size = nullptr;
 
   bool supports(const harness::Problem& p) const;
   size_t workspace_bytes(const harness::Problem& p) const;
