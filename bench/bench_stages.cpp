@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,64 +84,104 @@ double median(std::vector<double> x) {
   return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
+// Times `call` once per benchmark iteration with CUDA events, after one untimed call that pays for
+// module loading and cold caches. Returns the median in seconds, or 0 after skipping the case.
+double time_iterations(benchmark::State& state, const std::function<flash::Status()>& call) {
+  flash::Status status = call();
+  if (!status.ok()) {
+    state.SkipWithError(flash::to_string(status).c_str());
+    return 0;
+  }
+  harness::cuda_check(cudaDeviceSynchronize(), "warm-up");
+  Event start, stop;
+  std::vector<double> ms;
+  for (auto _ : state) {
+    harness::cuda_check(cudaEventRecord(start.event), "cudaEventRecord");
+    status = call();
+    harness::cuda_check(cudaEventRecord(stop.event), "cudaEventRecord");
+    harness::cuda_check(cudaEventSynchronize(stop.event), "cudaEventSynchronize");
+    if (!status.ok()) {
+      state.SkipWithError(flash::to_string(status).c_str());
+      return 0;
+    }
+    float elapsed_ms = 0.0f;
+    harness::cuda_check(cudaEventElapsedTime(&elapsed_ms, start.event, stop.event), "cudaEventElapsedTime");
+    ms.push_back(elapsed_ms);
+    state.SetIterationTime(elapsed_ms / 1e3);
+  }
+  return ms.empty() ? 0 : median(ms) / 1e3;
+}
+
+// Skips the case (and returns false) when `bytes` more would not fit in free GPU memory.
+bool fits(benchmark::State& state, size_t bytes) {
+  size_t free_bytes = 0, total_bytes = 0;
+  harness::cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  if (bytes <= kUsableFreeMemory * free_bytes) return true;
+  char msg[160];
+  std::snprintf(msg, sizeof msg, "%.1f GiB of buffers do not fit in %.1f GiB of free GPU memory", bytes / kGiB,
+                free_bytes / kGiB);
+  state.SkipWithError(msg);
+  return false;
+}
+
+// Plain counters, not kIsRate: with manual time, benchmark's rates would divide by CPU time.
+void report(benchmark::State& state, double seconds, double flops, double bytes, size_t workspace_bytes) {
+  state.counters["median_ms"] = seconds * 1e3;
+  state.counters["TFLOP/s"] = flops / seconds / 1e12;
+  state.counters["GB/s"] = bytes / seconds / 1e9;
+  state.counters["workspace_bytes"] = static_cast<double>(workspace_bytes);
+}
+
 void bench_forward(benchmark::State& state, const registry::Stage& stage, int head_dim, bool causal) {
   const harness::Problem p = make_problem(static_cast<int>(state.range(0)), head_dim, causal);
   try {
     const harness::DeviceInputs& in = inputs_for(p);
     const size_t workspace_bytes = stage.workspace_bytes(p);
-    const size_t output_bytes = (p.q_elems() + p.rows()) * sizeof(float);
     // The inputs are already on the device, so free memory has them counted out.
-    size_t free_bytes = 0, total_bytes = 0;
-    harness::cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-    if (workspace_bytes + output_bytes > kUsableFreeMemory * free_bytes) {
-      char msg[160];
-      std::snprintf(msg, sizeof msg, "workspace of %.1f GiB does not fit in %.1f GiB of free GPU memory",
-                    workspace_bytes / kGiB, free_bytes / kGiB);
-      state.SkipWithError(msg);
-      return;
-    }
+    if (!fits(state, workspace_bytes + (p.q_elems() + p.rows()) * sizeof(float))) return;
     harness::DeviceBuffer<float> o(p.q_elems()), lse(p.rows());
     harness::DeviceBuffer<unsigned char> workspace(workspace_bytes);
-    auto forward = [&] {
+    const double seconds = time_iterations(state, [&] {
       return stage.forward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch, p.heads_q, p.heads_kv,
                            p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), p.causal, workspace.get(),
                            workspace.bytes(), nullptr);
-    };
+    });
+    if (seconds > 0)
+      report(state, seconds, harness::forward_flops(p), harness::forward_compulsory_bytes(p), workspace_bytes);
+  } catch (const std::exception& e) {
+    // A failed allocation or CUDA call skips this case; the next one may still fit.
+    state.SkipWithError(e.what());
+  }
+}
 
-    // The first call pays for module loading and cold caches.
-    flash::Status status = forward();
+// The backward alone: O and lse come from one forward call before timing starts. FLOPs are 2.5x
+// the forward's (the FlashAttention convention: five matrix products instead of two), whatever
+// the stage recomputes; the compulsory traffic reads Q, K, V, O, dO, lse and writes dQ, dK, dV.
+void bench_backward(benchmark::State& state, const registry::Stage& stage, int head_dim, bool causal) {
+  const harness::Problem p = make_problem(static_cast<int>(state.range(0)), head_dim, causal);
+  try {
+    const harness::DeviceInputs& in = inputs_for(p);
+    const size_t workspace_bytes = stage.backward_workspace_bytes(p);
+    const size_t buffer_bytes = (3 * p.q_elems() + p.rows() + 2 * p.kv_elems()) * sizeof(float);
+    if (!fits(state, workspace_bytes + buffer_bytes + stage.workspace_bytes(p))) return;
+    harness::DeviceBuffer<float> o(p.q_elems()), lse(p.rows()), dq(p.q_elems()), dk(p.kv_elems()), dv(p.kv_elems());
+    harness::DeviceBuffer<unsigned char> forward_workspace(stage.workspace_bytes(p)), workspace(workspace_bytes);
+    const flash::Status status =
+        stage.forward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q,
+                      p.seq_kv, p.head_dim, p.softmax_scale(), p.causal, forward_workspace.get(),
+                      forward_workspace.bytes(), nullptr);
     if (!status.ok()) {
       state.SkipWithError(flash::to_string(status).c_str());
       return;
     }
-    harness::cuda_check(cudaDeviceSynchronize(), "warm-up");
-
-    Event start, stop;
-    std::vector<double> ms;
-    for (auto _ : state) {
-      harness::cuda_check(cudaEventRecord(start.event), "cudaEventRecord");
-      status = forward();
-      harness::cuda_check(cudaEventRecord(stop.event), "cudaEventRecord");
-      harness::cuda_check(cudaEventSynchronize(stop.event), "cudaEventSynchronize");
-      if (!status.ok()) {
-        state.SkipWithError(flash::to_string(status).c_str());
-        break;
-      }
-      float elapsed_ms = 0.0f;
-      harness::cuda_check(cudaEventElapsedTime(&elapsed_ms, start.event, stop.event), "cudaEventElapsedTime");
-      ms.push_back(elapsed_ms);
-      state.SetIterationTime(elapsed_ms / 1e3);
-    }
-    if (ms.empty()) return;
-
-    // Plain counters, not kIsRate: with manual time, benchmark's rates would divide by CPU time.
-    const double seconds = median(ms) / 1e3;
-    state.counters["median_ms"] = seconds * 1e3;
-    state.counters["TFLOP/s"] = harness::forward_flops(p) / seconds / 1e12;
-    state.counters["GB/s"] = harness::forward_compulsory_bytes(p) / seconds / 1e9;
-    state.counters["workspace_bytes"] = static_cast<double>(workspace_bytes);
+    const double seconds = time_iterations(state, [&] {
+      return stage.backward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), in.d_out.get(), dq.get(),
+                            dk.get(), dv.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim,
+                            p.softmax_scale(), p.causal, workspace.get(), workspace.bytes(), nullptr);
+    });
+    const double bytes = harness::forward_compulsory_bytes(p) + (2.0 * p.q_elems() + 2.0 * p.kv_elems()) * sizeof(float);
+    if (seconds > 0) report(state, seconds, 2.5 * harness::forward_flops(p), bytes, workspace_bytes);
   } catch (const std::exception& e) {
-    // A failed allocation or CUDA call skips this case; the next one may still fit.
     state.SkipWithError(e.what());
   }
 }
@@ -159,6 +200,13 @@ void register_benchmarks() {
             });
         b->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
         for (int seq : kSeqLens) b->Arg(seq);
+        if (!stage.backward) continue;
+        benchmark::internal::Benchmark* bwd = benchmark::RegisterBenchmark(
+            (name + "/backward").c_str(), [&stage, head_dim, causal](benchmark::State& state) {
+              bench_backward(state, stage, head_dim, causal);
+            });
+        bwd->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
+        for (int seq : kSeqLens) bwd->Arg(seq);
       }
     }
   }

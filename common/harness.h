@@ -98,8 +98,8 @@ class DeviceBuffer {
 
 // Inputs on the device.
 struct DeviceInputs {
-  DeviceBuffer<float> q, k, v;
-  explicit DeviceInputs(const HostInputs& in) : q(in.q), k(in.k), v(in.v) {}
+  DeviceBuffer<float> q, k, v, d_out;
+  explicit DeviceInputs(const HostInputs& in) : q(in.q), k(in.k), v(in.v), d_out(in.d_out) {}
 };
 
 // Error of a result against a reference. Size mismatches throw std::invalid_argument.

@@ -8,6 +8,7 @@
 #include "04_tiled/tiled.h"
 #include "05_warp_shuffle/warp_shuffle.h"
 #include "06_causal/causal.h"
+#include "07_backward/backward.h"
 
 namespace registry {
 
@@ -27,6 +28,9 @@ const std::vector<Stage>& stages() {
        {32, 64, 128}, stage05::forward, stage05::forward_workspace_size},
       {6, "06_causal", "causal", "causal masking: K/V tiles above the diagonal skipped, only diagonal tiles masked",
        true, "fp32", {32, 64, 128}, stage06::forward, stage06::forward_workspace_size},
+      {7, "07_backward", "backward", "dQ, dK, dV by recomputing P from the stored lse: O(N) memory, no atomics", true,
+       "fp32", {32, 64, 128}, stage07::forward, stage07::forward_workspace_size, stage07::backward,
+       stage07::backward_workspace_size},
   };
   return all;
 }
@@ -37,6 +41,10 @@ bool Stage::supports(const harness::Problem& p) const {
 
 size_t Stage::workspace_bytes(const harness::Problem& p) const {
   return forward_workspace_size(p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim);
+}
+
+size_t Stage::backward_workspace_bytes(const harness::Problem& p) const {
+  return backward_workspace_size(p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim);
 }
 
 const Stage* find(int number) {
@@ -65,6 +73,31 @@ ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const h
   if (!r.status.ok()) return r;
   r.o = o.download();
   r.lse = lse.download();
+  return r;
+}
+
+BackwardResult run_backward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in,
+                            float lse_offset) {
+  BackwardResult r;
+  const ForwardResult fwd = run_forward(stage, p, in);
+  r.status = fwd.status;
+  if (!r.status.ok()) return r;
+  std::vector<float> lse = fwd.lse;
+  for (float& x : lse) x += lse_offset;
+  const harness::DeviceBuffer<float> o(fwd.o), lse_dev(lse);
+  harness::DeviceBuffer<float> dq(p.q_elems()), dk(p.kv_elems()), dv(p.kv_elems());
+  harness::DeviceBuffer<unsigned char> workspace(stage.backward_workspace_bytes(p));
+  dq.poison();
+  dk.poison();
+  dv.poison();
+  r.status = stage.backward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse_dev.get(), in.d_out.get(), dq.get(),
+                            dk.get(), dv.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim,
+                            p.softmax_scale(), p.causal, workspace.get(), workspace.bytes(), nullptr);
+  if (r.status.ok()) r.status = flash::cuda_status(cudaDeviceSynchronize());
+  if (!r.status.ok()) return r;
+  r.dq = dq.download();
+  r.dk = dk.download();
+  r.dv = dv.download();
   return r;
 }
 

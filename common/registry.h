@@ -37,6 +37,7 @@ struct Stage {
 
   bool supports(const harness::Problem& p) const;
   size_t workspace_bytes(const harness::Problem& p) const;
+  size_t backward_workspace_bytes(const harness::Problem& p) const;
 };
 
 const std::vector<Stage>& stages();
@@ -51,6 +52,16 @@ struct ForwardResult {
   std::vector<float> lse;
 };
 ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in);
+
+// The stage's forward (for O and lse), then its backward with the inputs' d_out; gradients are
+// poisoned with NaN first. lse_offset is added to the forward's lse before the backward: tests use
+// it to show the backward really reads lse.
+struct BackwardResult {
+  flash::Status status;
+  std::vector<float> dq, dk, dv;
+};
+BackwardResult run_backward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in,
+                            float lse_offset = 0.0f);
 
 // How GoogleTest prints a stage in a failure message.
 inline void PrintTo(const Stage& s, std::ostream* os) { *os << "stage " << s.number << " (" << s.name << ")"; }

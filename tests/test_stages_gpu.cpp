@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <tuple>
 #include <cstring>
 #include <sstream>
 
@@ -303,5 +305,162 @@ INSTANTIATE_TEST_SUITE_P(Stages, CausalExtreme,
                          ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.causal; })),
                          stage_label);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CausalExtreme);
+
+// ---------------------------------------------------------------------------------------------
+// Backward (stages with a backward entry point)
+// ---------------------------------------------------------------------------------------------
+
+// dQ, dK, dV sum seq_kv (or seq_q) products of fp32 recomputed probabilities; measured worst cases sit
+// far below this, which leaves room for longer sums.
+constexpr double kBackwardTolerance = 1e-4;
+
+std::vector<Case> backward_sweep() {
+  // The fp64 reference backward is O(N^2 d) on the host; long sequences run with one head only.
+  const std::pair<int, int> seqs[] = {{1, 1},   {2, 2},    {17, 17},  {63, 63},   {64, 64},   {65, 65},
+                                      {127, 128}, {129, 129}, {1, 129}, {129, 1},  {17, 100}, {100, 17},
+                                      {256, 256}};
+  const int heads[][3] = {{1, 1, 1}, {2, 3, 3}, {2, 8, 2}, {4, 8, 1}};
+  std::vector<Case> cases;
+  for (const registry::Stage& stage : registry::stages()) {
+    if (!stage.backward) continue;
+    for (int head_dim : {32, 64, 128})
+      for (bool causal : {false, true}) {
+        for (const auto& h : heads)
+          for (const auto& [seq_q, seq_kv] : seqs) {
+            harness::Problem p;
+            p.batch = h[0];
+            p.heads_q = h[1];
+            p.heads_kv = h[2];
+            p.seq_q = seq_q;
+            p.seq_kv = seq_kv;
+            p.head_dim = head_dim;
+            p.causal = causal;
+            cases.push_back({stage.number, p});
+          }
+        for (const auto& [seq_q, seq_kv] : {std::pair{1000, 1000}, {1024, 1000}, {1000, 2049}}) {
+          harness::Problem p;
+          p.seq_q = seq_q;
+          p.seq_kv = seq_kv;
+          p.head_dim = head_dim;
+          p.causal = causal;
+          cases.push_back({stage.number, p});
+        }
+      }
+  }
+  return cases;
+}
+
+class BackwardSweep : public StageSweep {};
+
+TEST_P(BackwardSweep, MatchesReferenceGradients) {
+  const registry::Stage& stage = stage_of(GetParam());
+  const harness::Problem& p = GetParam().problem;
+  const harness::HostInputs host = harness::make_inputs(p, kSeed);
+  const registry::BackwardResult got = registry::run_backward(stage, p, harness::DeviceInputs(host));
+  ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+  const reference::Gradients ref = reference::backward(p, host);
+  for (const auto& [name, x, r] : {std::tuple{"dq", &got.dq, &ref.dq}, {"dk", &got.dk, &ref.dk}, {"dv", &got.dv, &ref.dv}}) {
+    const harness::ErrorStats err = harness::compare(*x, *r);
+    EXPECT_TRUE(err.within(kBackwardTolerance)) << name << ": " << err.describe();
+    RecordProperty(std::string(name) + "_rel_l2", std::to_string(err.rel_l2));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, BackwardSweep, ::testing::ValuesIn(backward_sweep()), case_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BackwardSweep);
+
+class StageBackward : public ::testing::TestWithParam<registry::Stage> {
+ protected:
+  void SetUp() override { require_gpu(); }
+};
+
+harness::Problem tiny_problem(bool causal) {
+  harness::Problem p;
+  p.batch = 1;
+  p.heads_q = 2;
+  p.heads_kv = 1;
+  p.seq_q = 5;
+  p.seq_kv = 7;
+  p.head_dim = 32;
+  p.causal = causal;
+  return p;
+}
+
+// The GPU gradients against central differences of the GPU forward itself: f = sum(O * dO).
+// In fp32 the difference quotient carries about eps * |f| / h of rounding, so the step is large
+// (1e-2) and the check loose (2e-3 relative); it catches wrong formulas, not last bits.
+TEST_P(StageBackward, GradientMatchesFiniteDifferencesOfForward) {
+  constexpr float kStep = 1e-2f;
+  constexpr double kTolerance = 2e-3;
+  for (bool causal : {false, true}) {
+    const harness::Problem p = tiny_problem(causal);
+    const harness::HostInputs host = harness::make_inputs(p, kSeed);
+    const registry::BackwardResult grad = registry::run_backward(GetParam(), p, harness::DeviceInputs(host));
+    ASSERT_TRUE(grad.status.ok()) << flash::to_string(grad.status);
+    auto loss = [&](const harness::HostInputs& x) {
+      const registry::ForwardResult r = registry::run_forward(GetParam(), p, harness::DeviceInputs(x));
+      double f = 0;
+      for (size_t e = 0; e < r.o.size(); ++e) f += static_cast<double>(r.o[e]) * x.d_out[e];
+      return f;
+    };
+    for (const auto& [tensor, g, name] : {std::tuple{&harness::HostInputs::q, &grad.dq, "dq"},
+                                          {&harness::HostInputs::k, &grad.dk, "dk"},
+                                          {&harness::HostInputs::v, &grad.dv, "dv"}}) {
+      for (size_t e = 0; e < g->size(); ++e) {
+        harness::HostInputs plus = host, minus = host;
+        (plus.*tensor)[e] += kStep;
+        (minus.*tensor)[e] -= kStep;
+        const double fd = (loss(plus) - loss(minus)) / (static_cast<double>((plus.*tensor)[e]) - (minus.*tensor)[e]);
+        EXPECT_NEAR((*g)[e], fd, kTolerance * (1.0 + std::abs(fd))) << name << "[" << e << "] causal=" << causal;
+      }
+    }
+  }
+}
+
+// The backward recomputes P from lse. Feeding it a wrong lse (off by log 2, i.e. P doubled) must
+// change the gradients: proof that lse is read and used.
+TEST_P(StageBackward, WrongLseChangesGradients) {
+  harness::Problem p = tiny_problem(false);
+  p.seq_q = p.seq_kv = 100;
+  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
+  const registry::BackwardResult right = registry::run_backward(GetParam(), p, dev);
+  const registry::BackwardResult wrong = registry::run_backward(GetParam(), p, dev, -std::log(2.0f));
+  ASSERT_TRUE(right.status.ok() && wrong.status.ok());
+  EXPECT_FALSE(harness::compare(wrong.dv, right.dv).within(0.1)) << harness::compare(wrong.dv, right.dv).describe();
+  EXPECT_FALSE(harness::compare(wrong.dk, right.dk).within(0.1)) << harness::compare(wrong.dk, right.dk).describe();
+}
+
+TEST_P(StageBackward, IsDeterministic) {
+  harness::Problem p;
+  p.batch = 2;
+  p.heads_q = 8;
+  p.heads_kv = 2;
+  p.seq_q = 1000;
+  p.seq_kv = 1024;
+  p.causal = true;
+  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
+  const registry::BackwardResult a = registry::run_backward(GetParam(), p, dev);
+  const registry::BackwardResult b = registry::run_backward(GetParam(), p, dev);
+  ASSERT_TRUE(a.status.ok() && b.status.ok());
+  EXPECT_EQ(0, std::memcmp(a.dq.data(), b.dq.data(), a.dq.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.dk.data(), b.dk.data(), a.dk.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * sizeof(float)));
+}
+
+// O(N) memory: seq 65536, one head. The score matrix would be 16 GiB; the backward's workspace is
+// one float per query row.
+TEST_P(StageBackward, LongSequenceRunsInLinearMemory) {
+  harness::Problem p;
+  p.seq_q = p.seq_kv = 65536;
+  EXPECT_EQ(GetParam().backward_workspace_bytes(p), p.seq_q * sizeof(float));
+  const registry::BackwardResult got = registry::run_backward(GetParam(), p, harness::DeviceInputs(harness::make_inputs(p, kSeed)));
+  ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+  EXPECT_EQ(harness::count_nonfinite(got.dq) + harness::count_nonfinite(got.dk) + harness::count_nonfinite(got.dv), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, StageBackward,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.backward != nullptr; })),
+                         stage_label);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StageBackward);
 
 }  // namespace

@@ -31,11 +31,27 @@ struct Call {
   }
 };
 
+// A well-formed backward call; each test breaks one thing.
+struct BackwardCall : Call {
+  const float* d_o = reinterpret_cast<const float*>(std::uintptr_t{0x70000});
+  float* dq = reinterpret_cast<float*>(std::uintptr_t{0x80000});
+  float* dk = reinterpret_cast<float*>(std::uintptr_t{0x90000});
+  float* dv = reinterpret_cast<float*>(std::uintptr_t{0xA0000});
+  size_t backward_workspace_bytes;
+  explicit BackwardCall(const registry::Stage& s)
+      : Call(s), backward_workspace_bytes(s.backward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim)) {}
+  flash::Status run(const registry::Stage& s) const {
+    return s.backward(q, k, v, o, lse, d_o, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
+                      causal, workspace, backward_workspace_bytes, nullptr);
+  }
+};
+
 class StageValidation : public ::testing::TestWithParam<registry::Stage> {
  protected:
   const registry::Stage& stage() const { return GetParam(); }
-  // Runs the call, expects `code`, and checks that the message names `argument`.
-  void expect(const Call& call, flash::StatusCode code, const std::string& argument) {
+  // Runs the call (forward or backward), expects `code`, and checks that the message names `argument`.
+  template <typename AnyCall>
+  void expect(const AnyCall& call, flash::StatusCode code, const std::string& argument) {
     const cudaError_t pending_before = cudaPeekAtLastError();
     const flash::Status s = call.run(stage());
     EXPECT_EQ(s.code, code) << flash::to_string(s);
@@ -44,6 +60,7 @@ class StageValidation : public ::testing::TestWithParam<registry::Stage> {
     // No launch was attempted, so no new CUDA error is pending.
     EXPECT_EQ(cudaPeekAtLastError(), pending_before);
   }
+
 };
 
 TEST_P(StageValidation, NullPointersAreNamed) {
@@ -125,6 +142,38 @@ TEST_P(StageWithWorkspace, WorkspaceTooSmallOrNull) {
   expect(d, flash::StatusCode::kNullPointer, "workspace");
 }
 
+using StageWithBackward = StageValidation;
+TEST_P(StageWithBackward, BackwardNamesNullAndMisalignedTensors) {
+  for (auto [field, name] : {std::pair{&BackwardCall::dq, "dq"}, {&BackwardCall::dk, "dk"}, {&BackwardCall::dv, "dv"}}) {
+    BackwardCall c(stage());
+    c.*field = nullptr;
+    expect(c, flash::StatusCode::kNullPointer, name);
+    BackwardCall m(stage());
+    m.*field += 1;
+    expect(m, flash::StatusCode::kMisalignedPointer, name);
+  }
+  BackwardCall c(stage());
+  c.d_o = nullptr;
+  expect(c, flash::StatusCode::kNullPointer, "d_o");
+  BackwardCall l(stage());
+  l.lse = nullptr;  // optional for the forward, required by the backward
+  expect(l, flash::StatusCode::kNullPointer, "lse");
+}
+
+TEST_P(StageWithBackward, BackwardChecksShapesAndWorkspace) {
+  BackwardCall c(stage());
+  c.seq_kv = 0;
+  expect(c, flash::StatusCode::kInvalidDimension, "seq_kv = 0");
+  BackwardCall h(stage());
+  h.head_dim = 80;
+  expect(h, flash::StatusCode::kHeadDimNotSupported, "head_dim = 80");
+  BackwardCall w(stage());
+  const size_t needed = w.backward_workspace_bytes;
+  ASSERT_GT(needed, 0u);
+  w.backward_workspace_bytes = needed - 1;
+  expect(w, flash::StatusCode::kWorkspaceTooSmall, "needs " + std::to_string(needed));
+}
+
 std::string stage_name(const ::testing::TestParamInfo<registry::Stage>& info) {
   return std::string("stage") + (info.param.number < 10 ? "0" : "") + std::to_string(info.param.number);
 }
@@ -145,6 +194,10 @@ INSTANTIATE_TEST_SUITE_P(Stages, StageWithWorkspace,
                            return Call(s).workspace_bytes > 0;
                          })),
                          stage_name);
+INSTANTIATE_TEST_SUITE_P(Stages, StageWithBackward,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.backward != nullptr; })),
+                         stage_name);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StageWithBackward);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StageWithoutCausal);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StageWithWorkspace);
 

@@ -1,0 +1,30 @@
+// Stage 07: the backward pass, recomputing attention probabilities from the forward's lse instead
+// of storing them. The forward is stage 06's (causal or not) and writes lse; the backward takes it
+// and returns dQ, dK, dV. Tensors are contiguous fp32 on the device:
+// q, o, d_o, dq [batch, heads_q, seq_q, head_dim]; k, v, dk, dv [batch, heads_kv, seq_kv, head_dim];
+// lse [batch, heads_q, seq_q]. With GQA, dK and dV of a shared K/V head sum over its query heads.
+#pragma once
+
+#include <cstddef>
+
+#include "flash_stage.cuh"
+
+namespace stage07 {
+
+// 0: the forward keeps everything on chip.
+size_t forward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
+
+flash::Status forward(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
+                      int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream);
+
+// batch * heads_q * seq_q floats for D = rowsum(dO * O): O(N), never O(N^2).
+size_t backward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
+
+// lse must be the forward's for the same q, k, v, scale and causal.
+flash::Status backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
+                       const float* d_o, float* dq, float* dk, float* dv, int batch, int heads_q, int heads_kv,
+                       int seq_q, int seq_kv, int head_dim, float scale, bool causal, void* workspace,
+                       size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace stage07
