@@ -361,7 +361,11 @@ TEST_P(BackwardSweep, MatchesReferenceGradients) {
   const reference::Gradients ref = reference::backward(p, host);
   for (const auto& [name, x, r] : {std::tuple{"dq", &got.dq, &ref.dq}, {"dk", &got.dk, &ref.dk}, {"dv", &got.dv, &ref.dv}}) {
     const harness::ErrorStats err = harness::compare(*x, *r);
-    EXPECT_TRUE(err.within(kBackwardTolerance)) << name << ": " << err.describe();
+    // Where the exact gradient is zero (one key: P = 1, so dS = dP - D = 0 and dQ = dK = 0) only
+    // fp32 rounding of dP - D is left, and there is no norm to be relative to: judge it absolutely.
+    const bool exactly_zero = std::all_of(r->begin(), r->end(), [](double e) { return e == 0.0; });
+    EXPECT_TRUE(exactly_zero ? err.nonfinite == 0 && err.max_abs < kBackwardTolerance : err.within(kBackwardTolerance))
+        << name << ": " << err.describe();
     RecordProperty(std::string(name) + "_rel_l2", std::to_string(err.rel_l2));
   }
 }
