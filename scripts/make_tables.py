@@ -11,9 +11,13 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
               for the stages that support it): TFLOP/s, share of the fp32 peak, speedup
   stage-NN    stage NN over sequence lengths 512 .. 16384
   runner      the course runner's table, verbatim
+  ncu-dNN     Nsight Compute metrics of the fused kernels (stages 03-06) at head_dim NN, one row per
+              metric, one column per stage, from bench/results/h100_ncu_dNN.csv
+              (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time
 Without --update it prints every table.
 """
 import argparse
+import csv
 import json
 import pathlib
 import re
@@ -21,6 +25,7 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench/results/h100_bench.json"
 RUNNER = ROOT / "bench/results/h100_runner.txt"
+NCU = ROOT / "bench/results/h100_ncu_d{}.csv"
 # H100 SXM datasheet FP32 (FFMA) peak, as listed in ../shared/perf-anchors.md.
 FP32_PEAK_TFLOPS = 67.0
 COURSE_SEQ = 4096
@@ -83,9 +88,60 @@ def runner_table():
     return "```\n" + "\n".join(lines[first:]).strip() + "\n```"
 
 
+# Nsight Compute metric -> (row label, divisor, decimals), in the order the table shows them.
+NCU_ROWS = {
+    "gpu__time_duration.sum": ("kernel time (ms)", 1e6, 2),
+    "sm__sass_thread_inst_executed_op_ffma_pred_on.sum": ("FFMA thread instructions (10⁹)", 1e9, 1),
+    "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active": ("FMA pipe busy (% of peak)", 1, 1),
+    "smsp__inst_executed_op_shared_ld.sum": ("shared-memory load instructions, warp-level (10⁹)", 1e9, 3),
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum": ("shared-memory load wavefronts (10⁹)", 1e9, 3),
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": ("shared-load bank conflicts (10⁶)", 1e6, 2),
+    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio":
+        ("warps stalled at a barrier, per issue", 1, 2),
+    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio":
+        ("warps waiting on shared memory (short scoreboard), per issue", 1, 2),
+    "launch__registers_per_thread": ("registers per thread", 1, 0),
+    "sm__warps_active.avg.pct_of_peak_sustained_active": ("achieved occupancy (% of 64 warps)", 1, 1),
+}
+
+
+def load_ncu(head_dim):
+    """{stage: {metric: value}} from the CSV of scripts/profile_stages.sh (first column: stage)."""
+    metrics = {}
+    with open(str(NCU).format(head_dim), newline="") as f:
+        for row in csv.reader(f):
+            if row[1] == "ID":  # the header ncu prints before each stage's rows
+                continue
+            name, value = row[-3], row[-1]
+            metrics.setdefault(int(row[0]), {})[name] = float(value.replace(",", ""))
+    return metrics
+
+
+def ncu_table(head_dim, runs):
+    metrics = load_ncu(head_dim)
+    stages = sorted(metrics)
+    names = {k[0]: r["name"] for k, r in runs.items()}
+    lines = ["| metric | " + " | ".join(f"{s:02d} {names.get(s, '')}".strip() for s in stages) + " |",
+             "|---|" + "---|" * len(stages)]
+    for metric, (label, divisor, decimals) in NCU_ROWS.items():
+        cells = [f"{metrics[s][metric] / divisor:,.{decimals}f}" if metric in metrics[s] else "–" for s in stages]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    # FLOP/s from the FFMAs the kernel really executed (2 flops each); FMUL, FADD and exp not counted.
+    tflops = [2 * metrics[s]["sm__sass_thread_inst_executed_op_ffma_pred_on.sum"] /
+              (metrics[s]["gpu__time_duration.sum"] * 1e-9) / 1e12 for s in stages]
+    lines.append("| FP32 TFLOP/s achieved (2 × FFMA / time) | " + " | ".join(f"{t:.2f}" for t in tflops) + " |")
+    lines.append("")
+    lines.append(f"Nsight Compute, one launch per stage, batch 4, 16 heads, seq 4096, head_dim {head_dim}, "
+                 f"non-causal (stage 06 runs its non-causal kernel). From `bench/results/h100_ncu_d{head_dim}.csv`, "
+                 f"written by `scripts/profile_stages.sh {head_dim}`.")
+    return "\n".join(lines)
+
+
 def tables():
     runs = load_bench()
     out = {"course": course_table(runs), "runner": runner_table()}
+    for d in (64, 128):
+        out[f"ncu-d{d}"] = ncu_table(d, runs)
     for stage in sorted({k[0] for k in runs}):
         out[f"stage-{stage:02d}"] = stage_table(runs, stage)
     return out

@@ -15,8 +15,8 @@
 // Step 2 leaves most threads idle and every step waits on a __syncthreads(); stage 05 removes both.
 //
 // Shared memory budget (floats, head_dim d, Br = Bc = 32): Q tile Br*(d+1), K tile Bc*(d+1),
-// V tile Bc*d, scores Br*(Bc+1), plus 2*Br for row factors. For d = 128 that is 13,568 floats,
-// 53 KiB: over the 48 KiB a block gets by default, so the launcher raises the limit; an H100 SM has
+// V tile Bc*d, scores Br*(Bc+1), plus 2*Br for row factors. For d = 128 that is 13,472 floats,
+// 52.6 KiB: over the 48 KiB a block gets by default, so the launcher raises the limit; an H100 SM has
 // 228 KiB, room for four such blocks.
 #include "tiled.h"
 

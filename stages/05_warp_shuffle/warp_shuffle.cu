@@ -17,7 +17,7 @@
 //
 // Shared memory (floats, d = head_dim, Br = 64 rows, Bc keys per tile, rows padded by 4 floats):
 // Q Br*(d+4) + K Bc*(d+4) + V Bc*d + P 4 warps*Bc*16. d = 64, Bc = 64: 66 KiB, three blocks per SM;
-// d = 128 with Bc = 64 would need 106 KiB (two blocks), so d = 128 uses Bc = 32: 74 KiB, three.
+// d = 128 with Bc = 64 would need 114 KiB (one block), so d = 128 uses Bc = 32: 74 KiB, three.
 #include "warp_shuffle.h"
 
 namespace stage05 {
@@ -53,7 +53,7 @@ struct SharedTiles {
   float v[kBlockCols][kHeadDim];
   // Each warp's probabilities, transposed: p[warp][key][row_lane * 4 + i] holds row
   // row_lane + kRowLanes * i, so the four rows a thread needs for one key are one float4. Unpadded:
-  // the few stores per tile collide in banks, the many loads do not, and the 2 KiB saved per warp
+  // the few stores per tile collide in banks, the many loads do not, and the 2 KiB saved per block
   // let three blocks share an SM at head_dim 128.
   float p[kWarps][kBlockCols][kWarpRows];
 };

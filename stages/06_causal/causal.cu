@@ -49,7 +49,7 @@ struct SharedTiles {
   float v[kBlockCols][kHeadDim];
   // Each warp's probabilities, transposed: p[warp][key][row_lane * 4 + i] holds row
   // row_lane + kRowLanes * i, so the four rows a thread needs for one key are one float4. Unpadded:
-  // the few stores per tile collide in banks, the many loads do not, and the 2 KiB saved per warp
+  // the few stores per tile collide in banks, the many loads do not, and the 2 KiB saved per block
   // let three blocks share an SM at head_dim 128.
   float p[kWarps][kBlockCols][kWarpRows];
 };
