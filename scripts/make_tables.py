@@ -10,6 +10,7 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   course      every stage at batch 4, 16 heads, seq 4096, head_dim 64 and 128 (non-causal; causal
               for the stages that support it): TFLOP/s, share of the fp32 peak, speedup
   stage-NN    stage NN over sequence lengths 512 .. 16384
+  backward    the backward of every stage that has one, over the same lengths
   runner      the course runner's table, verbatim
   ncu-dNN     Nsight Compute metrics of the fused kernels (stages 03-06) at head_dim NN, one row per
               metric, one column per stage, from bench/results/h100_ncu_dNN.csv
@@ -29,16 +30,17 @@ NCU = ROOT / "bench/results/h100_ncu_d{}.csv"
 # H100 SXM datasheet FP32 (FFMA) peak, as listed in ../shared/perf-anchors.md.
 FP32_PEAK_TFLOPS = 67.0
 COURSE_SEQ = 4096
-NAME = re.compile(r"stage(\d\d)_(\w+)/d(\d+)/causal(\d)/seq:(\d+)")
+NAME = re.compile(r"stage(\d\d)_(\w+)/d(\d+)/causal(\d)/(backward/)?seq:(\d+)")
 
 
-def load_bench():
+def load_bench(backward=False):
+    """{(stage, head_dim, causal, seq): result} of the forward runs, or of the backward runs."""
     runs = {}
     for b in json.loads(BENCH.read_text())["benchmarks"]:
         m = NAME.match(b["name"])
-        if not m or "TFLOP/s" not in b:
+        if not m or "TFLOP/s" not in b or bool(m[5]) != backward:
             continue
-        stage, name, d, causal, seq = int(m[1]), m[2], int(m[3]), m[4] == "1", int(m[5])
+        stage, name, d, causal, seq = int(m[1]), m[2], int(m[3]), m[4] == "1", int(m[6])
         runs[(stage, d, causal, seq)] = {"name": name, "tflops": b["TFLOP/s"], "ms": b["median_ms"]}
     return runs
 
@@ -66,7 +68,7 @@ def course_table(runs):
     return "\n".join(lines)
 
 
-def stage_table(runs, stage):
+def stage_table(runs, stage, what="TFLOP/s"):
     keys = sorted({(k[1], k[2]) for k in runs if k[0] == stage})
     seqs = sorted({k[3] for k in runs if k[0] == stage})
     head = "| head_dim | causal | " + " | ".join(f"N={s}" for s in seqs) + " |"
@@ -78,7 +80,7 @@ def stage_table(runs, stage):
             cells.append(f"{r['tflops']:.2f}" if r else "–")
         lines.append(f"| {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("TFLOP/s; batch·N = 16384 tokens, 16 heads. From `bench/results/h100_bench.json`.")
+    lines.append(f"{what}; batch·N = 16384 tokens, 16 heads. From `bench/results/h100_bench.json`.")
     return "\n".join(lines)
 
 
@@ -144,6 +146,10 @@ def tables():
         out[f"ncu-d{d}"] = ncu_table(d, runs)
     for stage in sorted({k[0] for k in runs}):
         out[f"stage-{stage:02d}"] = stage_table(runs, stage)
+    backward = load_bench(backward=True)
+    out["backward"] = "\n\n".join(
+        stage_table(backward, stage, "Backward TFLOP/s (2.5x the forward FLOPs), stage " + f"{stage:02d}")
+        for stage in sorted({k[0] for k in backward}))
     return out
 
 
