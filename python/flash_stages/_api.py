@@ -1,0 +1,286 @@
+"""forward, backward and attention on torch tensors, through the C library.
+
+torch is imported on first call, never at import. Every argument is checked here before the C
+library sees it, so a bad input raises ValueError or TypeError naming the argument; what the C
+library still refuses raises ValueError (an argument) or RuntimeError (CUDA) with its message.
+"""
+
+import math
+
+from . import _lib
+
+__all__ = ["forward", "backward", "attention"]
+
+_INT_MAX = 2**31 - 1
+_ALIGNMENT = 16  # flash::kTensorAlignment
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError("flash_stages.forward/backward/attention need PyTorch (import torch failed: "
+                          f"{e}); flash_stages.stages() works without it") from e
+    return torch
+
+
+def _torch_dtype(torch, registry_name):
+    return getattr(torch, _lib.DTYPE_NAMES.get(registry_name, registry_name), None)
+
+
+def _stage_dtypes(torch, stage):
+    return tuple(d for d in (_torch_dtype(torch, n) for n in stage.dtypes) if d is not None)
+
+
+def _check_causal(causal):
+    if isinstance(causal, bool):
+        return causal
+    if isinstance(causal, int) and causal in (0, 1):
+        return bool(causal)
+    raise TypeError(f"causal must be a bool, got {causal!r}")
+
+
+def _check_tensor(torch, name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {t.device} (move it with .cuda())")
+    if t.dim() != 4 and name != "lse":
+        raise ValueError(f"{name} must be 4-D [batch, heads, seq, head_dim], got shape {tuple(t.shape)}")
+
+
+def _check_layout(name, t):
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous() on it), got strides {tuple(t.stride())} "
+                         f"for shape {tuple(t.shape)}")
+    if t.data_ptr() % _ALIGNMENT != 0:
+        raise ValueError(f"{name} must start on a {_ALIGNMENT}-byte boundary (a view at an odd offset is not): "
+                         "pass a copy (.clone())")
+
+
+def _check_scale(scale, head_dim):
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not hasattr(scale, "__float__"):  # a str has no __float__: float("2") is no scale
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    try:
+        value = float(scale)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of more than one element
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__} {scale!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"scale must be finite, got {value}")
+    return value
+
+
+def _check_qkv(torch, stage, q, k, v, causal):
+    """Checks q, k, v against each other and the stage; returns (batch, heads_q, heads_kv, seq_q, seq_kv, d)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):  # types first: a list is named as such wherever it is
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(torch, name, t)
+    for name, t in (("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all tensors must be on one device")
+    dtypes = _stage_dtypes(torch, stage)
+    if q.dtype not in dtypes:
+        raise TypeError(f"q has dtype {q.dtype}, but {stage} supports {', '.join(str(d) for d in dtypes)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}: q, k and v must share one dtype")
+    batch, heads_q, seq_q, head_dim = q.shape
+    batch_k, heads_kv, seq_kv, head_dim_k = k.shape
+    if batch_k != batch:
+        raise ValueError(f"k has batch {batch_k} but q has {batch} (q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if head_dim_k != head_dim:
+        raise ValueError(f"k has head_dim {head_dim_k} but q has {head_dim} (q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    for name, value in (("batch", batch), ("heads_q", heads_q), ("seq_q", seq_q), ("heads_kv", heads_kv),
+                        ("seq_kv", seq_kv)):
+        if value < 1:
+            raise ValueError(f"{name} = {value} must be >= 1 (q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if head_dim not in stage.head_dims:
+        raise ValueError(f"head_dim = {head_dim} (q.shape[-1]) is not supported by {stage}: supported "
+                         f"{', '.join(str(d) for d in stage.head_dims)}")
+    if heads_q % heads_kv != 0:
+        raise ValueError(f"heads_q = {heads_q} (q.shape[1]) must be a multiple of heads_kv = {heads_kv} (k.shape[1])")
+    if causal and not stage.causal:
+        with_causal = ", ".join(str(s.number) for s in _lib.stages() if s.causal) or "none"
+        raise ValueError(f"causal=True is not supported by {stage}; stages with causal: {with_causal}")
+    if batch * heads_q * seq_q > _INT_MAX or batch * heads_kv * seq_kv > _INT_MAX:
+        raise ValueError(f"q {tuple(q.shape)} / k {tuple(k.shape)}: batch*heads*seq must fit in a 32-bit int")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_layout(name, t)
+    return batch, heads_q, heads_kv, seq_q, seq_kv, head_dim
+
+
+def _check_like(torch, name, t, ref_name, ref, shape=None, dtype=None):
+    _check_tensor(torch, name, t)
+    if t.device != ref.device:
+        raise ValueError(f"{name} is on {t.device} but {ref_name} is on {ref.device}: all tensors must be on one device")
+    want_dtype = dtype if dtype is not None else ref.dtype
+    if t.dtype != want_dtype:
+        raise TypeError(f"{name} has dtype {t.dtype}, must be {want_dtype}")
+    want_shape = tuple(shape if shape is not None else ref.shape)
+    if tuple(t.shape) != want_shape:
+        raise ValueError(f"{name} must have shape {want_shape}, got {tuple(t.shape)}")
+    _check_layout(name, t)
+
+
+def _workspace(torch, nbytes, device):
+    if nbytes == 0:
+        return None, 0
+    # The caching allocator hands out 512-byte aligned blocks on the current stream.
+    return torch.empty(nbytes, dtype=torch.uint8, device=device), nbytes
+
+
+def forward(q, k, v, *, stage, causal=False, scale=None):
+    """O and lse of attention by one stage of the course.
+
+    q [B, Hq, Nq, d], k and v [B, Hkv, Nk, d]: contiguous CUDA tensors of a dtype the stage supports,
+    Hq a multiple of Hkv (GQA/MQA). causal is bottom-right aligned (query i sees key j iff
+    j <= i + Nk - Nq; a query that sees no key gets zeros and lse = -inf). scale defaults to
+    1/sqrt(d). Returns (o, lse): o like q, lse float32 [B, Hq, Nq]. Runs on the tensors' device and
+    PyTorch's current stream, asynchronously like any torch op.
+    """
+    torch = _torch()
+    st = _lib.get_stage(stage)
+    causal = _check_causal(causal)
+    dims = _check_qkv(torch, st, q, k, v, causal)
+    batch, heads_q, _, seq_q, _, head_dim = dims
+    scale = _check_scale(scale, head_dim)
+
+    o = torch.empty_like(q)
+    lse = torch.empty((batch, heads_q, seq_q), dtype=torch.float32, device=q.device)
+    ws, ws_bytes = _workspace(torch, _lib.workspace_bytes(st.number, *dims), q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    msg = _lib.message_buffer()
+    code = _lib.lib().flash_stages_forward(st.number, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                           lse.data_ptr(), *dims, scale, int(causal),
+                                           ws.data_ptr() if ws is not None else None, ws_bytes, q.device.index,
+                                           stream, msg, len(msg))
+    _lib.check_status(code, msg, f"flash_stages.forward ({st})")
+    return o, lse
+
+
+def backward(q, k, v, o, lse, do, *, stage, causal=False, scale=None):
+    """dq, dk, dv of attention by a stage with a backward, from the forward's o and lse and the gradient do.
+
+    Shapes, dtypes and conventions as in forward(); o and do like q, lse float32 [B, Hq, Nq].
+    Returns (dq, dk, dv) shaped like q, k, v.
+    """
+    torch = _torch()
+    st = _lib.get_stage(stage)
+    if not st.backward:
+        raise ValueError(f"stage = {st.number} ({st.name}) has no backward; stages with a backward: "
+                         f"{_lib.backward_stage_list()}")
+    causal = _check_causal(causal)
+    dims = _check_qkv(torch, st, q, k, v, causal)
+    batch, heads_q, _, seq_q, _, head_dim = dims
+    _check_like(torch, "o", o, "q", q)
+    _check_like(torch, "lse", lse, "q", q, shape=(batch, heads_q, seq_q), dtype=torch.float32)
+    _check_like(torch, "do", do, "q", q)
+    scale = _check_scale(scale, head_dim)
+
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    ws, ws_bytes = _workspace(torch, _lib.workspace_bytes(st.number, *dims, backward=True), q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    msg = _lib.message_buffer()
+    code = _lib.lib().flash_stages_backward(st.number, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                            lse.data_ptr(), do.data_ptr(), dq.data_ptr(), dk.data_ptr(),
+                                            dv.data_ptr(), *dims, scale, int(causal),
+                                            ws.data_ptr() if ws is not None else None, ws_bytes, q.device.index,
+                                            stream, msg, len(msg))
+    _lib.check_status(code, msg, f"flash_stages.backward ({st})")
+    return dq, dk, dv
+
+
+def default_stage(dtype, head_dim, causal):
+    """The stage attention() uses: the latest with a backward that supports the problem, else the
+    latest that supports its forward. Raises naming what no stage supports."""
+    all_stages = _lib.stages()
+    name = str(dtype).replace("torch.", "")
+    fits = [s for s in all_stages if s.supports(dtype=name)]
+    if not fits:
+        have = sorted({d for s in all_stages for d in s.torch_dtype_names})
+        raise TypeError(f"q has dtype {dtype}, but no stage supports it (stages support: {', '.join(have)})")
+    fits = [s for s in fits if s.supports(head_dim=head_dim)]
+    if not fits:
+        raise ValueError(f"head_dim = {head_dim} (q.shape[-1]) is supported by no stage for {name}")
+    if causal:
+        fits = [s for s in fits if s.causal]
+        if not fits:
+            raise ValueError(f"causal=True is supported by no stage for {name}, head_dim {head_dim}")
+    with_backward = [s for s in fits if s.backward]
+    return (with_backward or fits)[-1]
+
+
+_function = None
+
+
+def _attention_function():
+    """The autograd.Function, built on first use so that torch stays a lazy import."""
+    global _function
+    if _function is not None:
+        return _function
+    torch = _torch()
+    from torch.autograd.function import once_differentiable
+
+    class FlashStagesAttention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, scale, stage_number, stage_was_chosen):
+            o, lse = forward(q, k, v, stage=stage_number, causal=causal, scale=scale)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal = causal
+            ctx.scale = scale
+            ctx.stage_number = stage_number
+            ctx.stage_was_chosen = stage_was_chosen
+            return o
+
+        @staticmethod
+        @once_differentiable
+        def backward(ctx, grad_o):
+            st = _lib.get_stage(ctx.stage_number)
+            q, k, v, o, lse = ctx.saved_tensors
+            if not st.backward:
+                if ctx.stage_was_chosen:
+                    raise RuntimeError(
+                        f"flash_stages.attention: no stage with a backward supports this problem ({q.dtype}, "
+                        f"head_dim {q.shape[-1]}, causal={ctx.causal}); stages with a backward: "
+                        f"{_lib.backward_stage_list()}. The forward ran on {st}; for inference use "
+                        "torch.no_grad() or flash_stages.forward")
+                raise ValueError(f"stage = {st.number} ({st.name}) has no backward; stages with a backward: "
+                                 f"{_lib.backward_stage_list()}")
+            dq, dk, dv = backward(q, k, v, o, lse, grad_o.contiguous(), stage=st.number, causal=ctx.causal,
+                                  scale=ctx.scale)
+            return dq, dk, dv, None, None, None, None
+
+    _function = FlashStagesAttention
+    return _function
+
+
+def attention(q, k, v, *, causal=False, scale=None, stage=None):
+    """softmax(scale * q k^T) v as a differentiable torch op, so a model trains with it.
+
+    Arguments as in forward(); returns o. stage=None picks the latest stage with a backward that
+    supports the dtype, head_dim and causality (or, where none has a backward yet, the latest that
+    supports the forward: then the forward works and the backward raises RuntimeError).
+    Inputs must be contiguous: call .contiguous() on a transposed view first.
+    """
+    torch = _torch()
+    causal = _check_causal(causal)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(torch, name, t)
+    if stage is None:
+        st = default_stage(q.dtype, q.shape[-1], causal)
+        chosen = True
+    else:
+        st = _lib.get_stage(stage)
+        chosen = False
+    if scale is not None:
+        scale = _check_scale(scale, q.shape[-1])
+    return _attention_function().apply(q, k, v, causal, scale, st.number, chosen)

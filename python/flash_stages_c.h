@@ -1,0 +1,99 @@
+/* flash_stages_c.h: the C ABI over every stage of the course, for callers that cannot use C++ (the
+ * Python package flash_stages loads it through ctypes; any FFI works the same way).
+ *
+ * Plain C types only: ints, sizes, floats, raw device pointers and char buffers. Nothing here
+ * throws, allocates device memory or synchronizes; each call returns a status code (the values of
+ * flash::StatusCode, plus FLASH_STAGES_INTERNAL_ERROR) and, when `message` is not null, writes a
+ * NUL-terminated message of at most message_bytes bytes into it ("" on success), e.g.
+ * "invalid dimension: seq_q = 0 (must be >= 1 and fit the index range)".
+ *
+ * Stages are named by their course number (1, 2, ...), not by position; flash_stages_info walks
+ * them by position. A stage's strings are static: they live as long as the library stays loaded.
+ *
+ * Tensors are contiguous, row-major, on the device:
+ *   q, o, dq     [batch, heads_q,  seq_q,  head_dim]   (the stage's dtype, fp32 for now)
+ *   k, v, dk, dv [batch, heads_kv, seq_kv, head_dim]
+ *   lse          [batch, heads_q,  seq_q]              (always fp32)
+ * `device` is the CUDA device ordinal the tensors live on; the call makes it current for the
+ * launch and restores the previous one (a negative value: use whatever device is current).
+ * `stream` is a cudaStream_t passed as void* (null: the legacy default stream). The launch is
+ * asynchronous on that stream; an error of the kernel itself surfaces at the caller's next sync.
+ */
+#ifndef FLASH_STAGES_C_H
+#define FLASH_STAGES_C_H
+
+#include <stddef.h>
+
+#if defined(_WIN32)
+#define FLASH_STAGES_C_API __declspec(dllexport)
+#else
+#define FLASH_STAGES_C_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever a signature below changes; the Python package refuses a library of another. */
+#define FLASH_STAGES_C_ABI_VERSION 1
+
+/* Status codes: the values of flash::StatusCode (common/flash_stage.cuh), checked at compile time. */
+enum {
+  FLASH_STAGES_SUCCESS = 0,
+  FLASH_STAGES_NULL_POINTER = 1,
+  FLASH_STAGES_INVALID_DIMENSION = 2,
+  FLASH_STAGES_INVALID_ARGUMENT = 3, /* also: a stage number that is no stage */
+  FLASH_STAGES_HEAD_DIM_NOT_SUPPORTED = 4,
+  FLASH_STAGES_HEADS_NOT_DIVISIBLE = 5,
+  FLASH_STAGES_MISALIGNED_POINTER = 6,
+  FLASH_STAGES_NOT_SUPPORTED = 7, /* also: backward on a stage that has none */
+  FLASH_STAGES_WORKSPACE_TOO_SMALL = 8,
+  FLASH_STAGES_CUDA_ERROR = 9,
+  FLASH_STAGES_INTERNAL_ERROR = -1 /* a C++ exception caught at the boundary (a bug) */
+};
+
+FLASH_STAGES_C_API int flash_stages_abi_version(void);
+
+/* The short name of a status code ("success", "null pointer", ...); never null. */
+FLASH_STAGES_C_API const char* flash_stages_status_name(int code);
+
+/* How many stages the library was built with. */
+FLASH_STAGES_C_API int flash_stages_count(void);
+
+/* The stage at position `index` (0 <= index < flash_stages_count(), course order). Any output
+ * pointer may be null. head_dims receives up to head_dims_capacity entries; *num_head_dims the
+ * full count. dtype is the registry's spelling ("fp32"). Returns FLASH_STAGES_INVALID_ARGUMENT for
+ * an index out of range. */
+FLASH_STAGES_C_API int flash_stages_info(int index, int* number, const char** folder, const char** name,
+                                         const char** lesson, const char** dtype, int* causal, int* has_backward,
+                                         int* head_dims, int head_dims_capacity, int* num_head_dims);
+
+/* The device workspace, in bytes, that one forward (backward) call of `stage` needs for this
+ * problem; 0 for stages that need none. Sizes must be >= 1 and heads_q a multiple of heads_kv. */
+FLASH_STAGES_C_API int flash_stages_forward_workspace_size(int stage, int batch, int heads_q, int heads_kv, int seq_q,
+                                                           int seq_kv, int head_dim, size_t* bytes, char* message,
+                                                           size_t message_bytes);
+FLASH_STAGES_C_API int flash_stages_backward_workspace_size(int stage, int batch, int heads_q, int heads_kv,
+                                                            int seq_q, int seq_kv, int head_dim, size_t* bytes,
+                                                            char* message, size_t message_bytes);
+
+/* O and lse (lse may be null) from Q, K, V. causal: 0 or 1, bottom-right aligned. */
+FLASH_STAGES_C_API int flash_stages_forward(int stage, const void* q, const void* k, const void* v, void* o,
+                                            float* lse, int batch, int heads_q, int heads_kv, int seq_q, int seq_kv,
+                                            int head_dim, float scale, int causal, void* workspace,
+                                            size_t workspace_bytes, int device, void* stream, char* message,
+                                            size_t message_bytes);
+
+/* dQ, dK, dV from dO, given the forward's O and lse. */
+FLASH_STAGES_C_API int flash_stages_backward(int stage, const void* q, const void* k, const void* v, const void* o,
+                                             const float* lse, const void* d_o, void* dq, void* dk, void* dv,
+                                             int batch, int heads_q, int heads_kv, int seq_q, int seq_kv,
+                                             int head_dim, float scale, int causal, void* workspace,
+                                             size_t workspace_bytes, int device, void* stream, char* message,
+                                             size_t message_bytes);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASH_STAGES_C_H */

@@ -1,0 +1,183 @@
+"""The parts of flash_stages that need no GPU: import (without torch too), the stage table, the C
+ABI's argument checks and status mapping, and the checks that reject a CPU tensor. CI runs these."""
+
+import ctypes
+import os
+import subprocess
+import sys
+
+import pytest
+
+import flash_stages
+from flash_stages import _lib
+
+
+def run_python(code):
+    """Runs code in a fresh interpreter with this one's PYTHONPATH; returns (returncode, output)."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
+                          timeout=120)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_import_does_not_import_torch():
+    code = ("import sys, flash_stages\n"
+            "assert 'torch' not in sys.modules, 'import flash_stages imported torch'\n"
+            "print(len(flash_stages.stages()))\n"
+            "assert 'torch' not in sys.modules, 'stages() imported torch'\n")
+    rc, out = run_python(code)
+    assert rc == 0, out
+
+
+def test_works_without_torch():
+    # sys.modules['torch'] = None makes every `import torch` fail, as on a machine without it.
+    code = ("import sys\n"
+            "sys.modules['torch'] = None\n"
+            "import flash_stages\n"
+            "assert [s.number for s in flash_stages.stages()][0] == 1\n"
+            "try:\n"
+            "    flash_stages.forward(None, None, None, stage=1)\n"
+            "except ImportError as e:\n"
+            "    assert 'PyTorch' in str(e), e\n"
+            "    print('ok')\n")
+    rc, out = run_python(code)
+    assert rc == 0 and "ok" in out, out
+
+
+def test_library_is_next_to_the_package():
+    assert os.path.exists(flash_stages.library_path())
+    assert _lib.lib().flash_stages_abi_version() == flash_stages.ABI_VERSION
+
+
+def test_stages_listing():
+    stages = flash_stages.stages()
+    assert len(stages) >= 6
+    numbers = [s.number for s in stages]
+    assert numbers == sorted(numbers) and len(set(numbers)) == len(numbers)
+    assert numbers[:6] == [1, 2, 3, 4, 5, 6]
+    for s in stages:
+        assert isinstance(s, flash_stages.Stage)
+        assert s.name and s.lesson and s.folder.startswith(f"{s.number:02d}_")
+        assert s.dtypes and all(isinstance(d, str) for d in s.dtypes)
+        assert s.head_dims and all(d in (32, 64, 128) for d in s.head_dims)
+        assert isinstance(s.causal, bool) and isinstance(s.backward, bool)
+    by_number = {s.number: s for s in stages}
+    assert not any(by_number[n].causal for n in range(1, 6)), "stages 01-05 have no causal mask"
+    assert by_number[6].causal
+    assert not any(by_number[n].backward for n in range(1, 7)), "the forward stages have no backward"
+    assert "fp32" in by_number[1].dtypes and by_number[1].torch_dtype_names == ("float32",)
+    assert stages is flash_stages.stages()  # cached
+    assert flash_stages.get_stage(6) is by_number[6]
+
+
+def test_stage_lookup_errors():
+    with pytest.raises(ValueError, match=r"stage = 99 is not a stage"):
+        flash_stages.get_stage(99)
+    with pytest.raises(TypeError, match="stage must be an int"):
+        flash_stages.get_stage("6")
+    with pytest.raises(TypeError, match="stage must be an int"):
+        flash_stages.get_stage(True)
+
+
+def test_workspace_sizes():
+    # Stage 01 keeps the batch*heads_q*seq_q*seq_kv score matrix; stage 06 needs nothing.
+    assert flash_stages.forward_workspace_bytes(1, 2, 4, 2, 100, 200, 64) == 2 * 4 * 100 * 200 * 4
+    assert flash_stages.forward_workspace_bytes(6, 2, 4, 2, 100, 200, 64) == 0
+    with pytest.raises(ValueError, match="has no backward"):
+        flash_stages.backward_workspace_bytes(6, 1, 1, 1, 1, 1, 64)
+    with pytest.raises(ValueError, match="heads_q not a multiple of heads_kv"):
+        flash_stages.forward_workspace_bytes(1, 1, 3, 2, 1, 1, 64)
+    with pytest.raises(ValueError, match="seq_q = 0"):
+        flash_stages.forward_workspace_bytes(1, 1, 1, 1, 0, 1, 64)
+    with pytest.raises(TypeError, match="batch must be an int"):
+        flash_stages.forward_workspace_bytes(1, 1.5, 1, 1, 1, 1, 64)
+
+
+def test_backward_workspace_of_stages_with_a_backward():
+    with_backward = [s for s in flash_stages.stages() if s.backward]
+    if not with_backward:
+        pytest.skip("no stage has a backward yet")
+    for s in with_backward:
+        assert flash_stages.backward_workspace_bytes(s.number, 2, 4, 2, 100, 200, 64) >= 0
+
+
+def c_forward(stage, ptrs, dims, *, causal=0, scale=0.125, device=-1):
+    msg = _lib.message_buffer()
+    code = _lib.lib().flash_stages_forward(stage, *ptrs, *dims, scale, causal, None, 0, device, None, msg, len(msg))
+    return code, msg
+
+
+# The C ABI's own checks run before any launch, so with device = -1 (use the current device, none
+# here) they work without a GPU. Pointers are fake and never dereferenced.
+FAKE = [16, 32, 48, 64, 80]
+
+
+@pytest.mark.parametrize("ptrs, dims, causal, code, text", [
+    ([None] * 5, (1, 1, 1, 1, 1, 64), 0, _lib.NULL_POINTER, "null pointer: q is null"),
+    (FAKE[:1] + [None] + FAKE[2:], (1, 1, 1, 1, 1, 64), 0, _lib.NULL_POINTER, "k is null"),
+    (FAKE, (1, 1, 1, 0, 1, 64), 0, _lib.INVALID_DIMENSION, "seq_q = 0"),
+    (FAKE, (1, 1, 1, 1, 1, 48), 0, _lib.HEAD_DIM_NOT_SUPPORTED, "head_dim = 48"),
+    (FAKE, (1, 3, 2, 1, 1, 64), 0, _lib.HEADS_NOT_DIVISIBLE, "heads_q = 3, heads_kv = 2"),
+    ([17] + FAKE[1:], (1, 1, 1, 1, 1, 64), 0, _lib.MISALIGNED_POINTER, "q is not 16-byte aligned"),
+], ids=["null-q", "null-k", "seq_q-0", "head_dim-48", "heads", "misaligned"])
+def test_c_abi_argument_checks(ptrs, dims, causal, code, text):
+    got, msg = c_forward(6, ptrs, dims, causal=causal)
+    assert got == code and text in msg.value.decode(), (got, msg.value)
+    with pytest.raises(ValueError, match=text):
+        _lib.check_status(got, msg, "forward")
+
+
+def test_c_abi_stage_errors():
+    got, msg = c_forward(3, FAKE, (1, 1, 1, 1, 1, 64), causal=1)
+    assert got == _lib.NOT_SUPPORTED and msg.value == b"not supported by this stage: causal = 1"
+    got, msg = c_forward(42, FAKE, (1, 1, 1, 1, 1, 64))
+    assert got == _lib.INVALID_ARGUMENT and b"stage = 42 is not a stage" in msg.value
+    got, msg = c_forward(1, FAKE, (1, 1, 1, 1, 1, 64))  # stage 01 needs a workspace
+    assert got == _lib.WORKSPACE_TOO_SMALL and b"needs 4" in msg.value
+    msg = _lib.message_buffer()
+    got = _lib.lib().flash_stages_backward(6, *([16] * 9), 1, 1, 1, 1, 1, 64, 0.125, 0, None, 0, -1, None, msg,
+                                           len(msg))
+    assert got == _lib.NOT_SUPPORTED and b"has no backward" in msg.value
+
+
+def test_c_abi_cuda_error_is_runtime_error():
+    # Device 99 does not exist (and without a GPU there is no device at all): CUDA fails before any
+    # launch, the status is CUDA_ERROR with CUDA's message, and Python raises RuntimeError.
+    got, msg = c_forward(6, FAKE, (1, 1, 1, 1, 1, 64), device=99)
+    assert got == _lib.CUDA_ERROR and msg.value.startswith(b"CUDA error: "), msg.value
+    with pytest.raises(RuntimeError, match="CUDA error"):
+        _lib.check_status(got, msg, "forward")
+
+
+def test_c_abi_message_is_truncated_safely():
+    small = ctypes.create_string_buffer(8)
+    got = _lib.lib().flash_stages_forward(6, None, None, None, None, None, 1, 1, 1, 1, 1, 64, 0.125, 0, None, 0, -1,
+                                          None, small, len(small))
+    assert got == _lib.NULL_POINTER and small.value == b"null po"
+    # No buffer at all is fine too.
+    assert _lib.lib().flash_stages_forward(6, None, None, None, None, None, 1, 1, 1, 1, 1, 64, 0.125, 0, None, 0, -1,
+                                           None, None, 0) == _lib.NULL_POINTER
+
+
+def test_c_abi_info_out_of_range():
+    L = _lib.lib()
+    assert L.flash_stages_info(-1, *([None] * 8), 0, None) == _lib.INVALID_ARGUMENT
+    assert L.flash_stages_info(L.flash_stages_count(), *([None] * 8), 0, None) == _lib.INVALID_ARGUMENT
+    assert L.flash_stages_status_name(_lib.CUDA_ERROR) == b"CUDA error"
+
+
+# With torch but no GPU: a CPU tensor is refused by name before anything reaches CUDA.
+def test_cpu_tensor_is_refused():
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    q = torch.zeros(1, 1, 4, 64)
+    with pytest.raises(ValueError, match=r"q must be a CUDA tensor, got a tensor on cpu"):
+        flash_stages.forward(q, q, q, stage=6)
+    with pytest.raises(ValueError, match=r"q must be a CUDA tensor"):
+        flash_stages.attention(q, q, q)
+    with pytest.raises(TypeError, match=r"k must be a torch.Tensor, got list"):
+        flash_stages.forward(q, [1.0], q, stage=6)
+    with pytest.raises(TypeError, match="stage must be an int"):
+        flash_stages.forward(q, q, q, stage="six")
+    with pytest.raises(ValueError, match="stage = 0 is not a stage"):
+        flash_stages.forward(q, q, q, stage=0)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash_stages.forward(q, q, q, stage=6, causal="yes")
