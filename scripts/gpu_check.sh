@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv 
 grep -E "warning|error" "$out/build.log"
 
 ctest --test-dir $build -j 4 --output-on-failure > "$out/ctest.log" 2>&1 || status=1
-grep -E "tests passed|tests failed|Skipped|Failed|\(Failed\)" "$out/ctest.log"
+grep -E "tests passed|tests failed|\(Skipped\)|\(Failed\)" "$out/ctest.log"
 
 $build/bin/flash-stages | tee -a "$out/runner.txt" || status=1
 $build/bin/flash-stages --json > "$out/runner.json" || status=1
@@ -30,6 +30,17 @@ for stage in $($build/bin/flash-stages --list | awk '{print $1}'); do
     fi
     cat "$out/sanitizer_last.log" >> "$out/sanitizer.log"
   done
+done
+# The backward (stages that have one), through two small cases of the test sweep.
+backward_cases='*BackwardSweep*_d64_b2h8kv2_q129_k129:*BackwardSweep*_d128_b2h3kv3_q17_k100_causal'
+for tool in memcheck racecheck synccheck; do
+  if compute-sanitizer --tool $tool --error-exitcode 9 $build/bin/test_stages_gpu --gtest_filter="$backward_cases" \
+       > "$out/sanitizer_last.log" 2>&1 && grep -q "PASSED" "$out/sanitizer_last.log"; then
+    echo "sanitizer backward $tool: clean ($(grep -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$out/sanitizer_last.log"))"
+  else
+    echo "sanitizer backward $tool: FAILED"; tail -20 "$out/sanitizer_last.log"; status=1
+  fi
+  cat "$out/sanitizer_last.log" >> "$out/sanitizer.log"
 done
 rm -f "$out/sanitizer_last.log"
 
