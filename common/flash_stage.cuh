@@ -19,8 +19,9 @@ namespace flash {
 // Status
 // ---------------------------------------------------------------------------------------------
 
+// What a stage call reports; kSuccess (0) is the only code that is not a failure.
 enum class StatusCode : int {
-  kSuccess = 0,
+  kSuccess = 0,           // nothing was wrong
   kNullPointer,           // a required pointer is null
   kInvalidDimension,      // a size is < 1 or too large to index
   kInvalidArgument,       // a value that is not a size is unusable (a non-finite scale)
@@ -35,15 +36,17 @@ enum class StatusCode : int {
 // A status names what was wrong, not only that something was: the argument, its value and, where
 // there is one, the value it needed. Plain data, so it crosses a C ABI unchanged.
 struct Status {
-  StatusCode code = StatusCode::kSuccess;
-  const char* argument = nullptr;  // the offending argument's name (a string literal)
-  long long value = 0;             // the value it had
-  long long required = 0;          // workspace: the bytes needed
-  cudaError_t cuda_error = cudaSuccess;
+  StatusCode code = StatusCode::kSuccess;  // what was wrong, if anything
+  const char* argument = nullptr;          // the offending argument's name (a string literal)
+  long long value = 0;                     // the value it had
+  long long required = 0;                  // workspace: the bytes needed; kHeadsNotDivisible: heads_kv
+  cudaError_t cuda_error = cudaSuccess;    // CUDA's own error, set with kCudaError
 
+  // True for kSuccess: every check passed and, for a launcher, the work was queued.
   bool ok() const { return code == StatusCode::kSuccess; }
 };
 
+// A failed status. argument is stored, not copied: pass a string literal.
 inline Status make_status(StatusCode code, const char* argument, long long value, long long required = 0) {
   Status s;
   s.code = code;
@@ -53,6 +56,7 @@ inline Status make_status(StatusCode code, const char* argument, long long value
   return s;
 }
 
+// kSuccess for cudaSuccess, else kCudaError carrying err.
 inline Status cuda_status(cudaError_t err) {
   Status s;
   if (err != cudaSuccess) {
@@ -66,6 +70,7 @@ inline Status cuda_status(cudaError_t err) {
 // through cudaGetLastError.
 inline Status last_launch_status() { return cuda_status(cudaGetLastError()); }
 
+// The code in words, e.g. "misaligned pointer" (a string literal); to_string adds the details.
 inline const char* status_name(StatusCode code) {
   switch (code) {
     case StatusCode::kSuccess: return "success";
@@ -116,8 +121,10 @@ constexpr std::uintptr_t kTensorAlignment = 16;
 // refusing sizes past this keeps every int product in range.
 constexpr long long kMaxDim = (1LL << 31) - 1;
 
+// The head_dim values the stages are compiled for: 32, 64 and 128.
 inline bool supported_head_dim(int head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
+// True when p starts on a kTensorAlignment boundary; a null pointer counts as aligned.
 inline bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % kTensorAlignment == 0; }
 
 // Checks what every stage requires of a forward call. Stage-specific checks (causal, workspace)
@@ -150,6 +157,8 @@ inline Status check_forward_args(const float* q, const float* k, const float* v,
   return Status{};
 }
 
+// Checks workspace against the bytes the stage needs: too small first, then null or misaligned.
+// When needed is 0, any workspace passes, null included.
 inline Status check_workspace(const void* workspace, size_t workspace_bytes, size_t needed) {
   if (workspace_bytes < needed)
     return make_status(StatusCode::kWorkspaceTooSmall, "workspace_bytes", static_cast<long long>(workspace_bytes),
@@ -182,10 +191,11 @@ __host__ __device__ inline int kv_head_of(int head_q, int heads_q, int heads_kv)
 // The running statistics of one softmax row over the keys seen so far: row_max = max_j s_j and
 // row_sum = sum_j exp(s_j - row_max). An empty row is {-inf, 0}.
 struct SoftmaxStats {
-  float row_max;
-  float row_sum;
+  float row_max;  // max_j s_j; -inf while no key was seen
+  float row_sum;  // sum_j exp(s_j - row_max); 0 while no key was seen
 };
 
+// The statistics of no keys, {-inf, 0}: merging them with any other set changes nothing.
 __host__ __device__ inline SoftmaxStats empty_softmax_stats() { return {-INFINITY, 0.0f}; }
 
 // Merges the statistics of two disjoint sets of keys. Each side's accumulator (sum of

@@ -22,19 +22,24 @@ bool gpu_available(std::string* why);
 
 // One attention problem: the shapes of the API plus scale and causal.
 struct Problem {
-  int batch = 1;
-  int heads_q = 1;
-  int heads_kv = 1;
-  int seq_q = 1;
-  int seq_kv = 1;
-  int head_dim = 64;
-  bool causal = false;
-  float scale = 0.0f;  // 0 means the usual 1 / sqrt(head_dim)
+  int batch = 1;        // independent sequences
+  int heads_q = 1;      // query heads; a multiple of heads_kv
+  int heads_kv = 1;     // K/V heads: heads_q for multi-head, 1 for multi-query, between for GQA
+  int seq_q = 1;        // query rows per head
+  int seq_kv = 1;       // keys (and values) per head
+  int head_dim = 64;    // the width of every head; the stages take 32, 64 or 128
+  bool causal = false;  // bottom-right aligned causal mask (flash::causal_key_end)
+  float scale = 0.0f;   // 0 means the usual 1 / sqrt(head_dim)
 
+  // The scale to pass to a stage: scale, or 1 / sqrt(head_dim) when scale is 0.
   float softmax_scale() const;
+  // Elements of q and o (and of d_out, dq): batch * heads_q * seq_q * head_dim.
   long long q_elems() const { return static_cast<long long>(batch) * heads_q * seq_q * head_dim; }
+  // Elements of k and v (and of dk, dv): batch * heads_kv * seq_kv * head_dim.
   long long kv_elems() const { return static_cast<long long>(batch) * heads_kv * seq_kv * head_dim; }
+  // Query rows over every batch and head: the elements of lse.
   long long rows() const { return static_cast<long long>(batch) * heads_q * seq_q; }
+  // The shapes and causal on one line, e.g. "batch=1 heads_q=8 ... causal=0"; scale is left out.
   std::string describe() const;
 };
 
@@ -47,42 +52,58 @@ double forward_compulsory_bytes(const Problem& p);
 // Random inputs. kExtreme multiplies Q and K by 10, so scaled scores have a standard deviation of
 // about 100 and reach several hundred: far past expf's overflow at ~88.7.
 enum class InputKind { kNormal, kExtreme };
+// One problem's inputs on the host, contiguous in the API's shapes.
 struct HostInputs {
-  std::vector<float> q, k, v;
-  std::vector<float> d_out;  // the gradient of O, for backward checks
+  std::vector<float> q, k, v;  // q [batch, heads_q, seq_q, head_dim]; k, v [batch, heads_kv, seq_kv, head_dim]
+  std::vector<float> d_out;    // the gradient of O, for backward checks
 };
+// Standard-normal q, k, v and d_out for p, the same for the same seed; kExtreme scales q and k.
 HostInputs make_inputs(const Problem& p, uint64_t seed, InputKind kind = InputKind::kNormal);
 
 // A device allocation that frees itself. Moves, never copies.
 template <typename T>
 class DeviceBuffer {
  public:
+  // Empty: nothing allocated, get() is null.
   DeviceBuffer() = default;
+  // count uninitialized elements (cudaMalloc; throws on failure). A count of 0 allocates nothing.
   explicit DeviceBuffer(size_t count) : count_(count) {
     if (count_ > 0) cuda_check(cudaMalloc(reinterpret_cast<void**>(&ptr_), count_ * sizeof(T)), "cudaMalloc");
   }
+  // A device copy of host.
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+  // Frees the allocation; cudaFree's error, if any, is ignored.
   ~DeviceBuffer() { cudaFree(ptr_); }
+  // Takes other's allocation; other is left empty.
   DeviceBuffer(DeviceBuffer&& other) noexcept : ptr_(other.ptr_), count_(other.count_) {
     other.ptr_ = nullptr;
     other.count_ = 0;
   }
+  // Swaps allocations with other, which frees this one's old allocation when it goes.
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
     std::swap(ptr_, other.ptr_);
     std::swap(count_, other.count_);
     return *this;
   }
+  // Not copyable: each allocation has one owner.
   DeviceBuffer(const DeviceBuffer&) = delete;
+  // Not copy-assignable either.
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
+  // The device pointer; null when empty.
   T* get() const { return ptr_; }
+  // Number of elements, not bytes.
   size_t size() const { return count_; }
+  // size() * sizeof(T).
   size_t bytes() const { return count_ * sizeof(T); }
 
+  // Copies host into the buffer (a synchronous cudaMemcpy); host must have size() elements, else
+  // std::invalid_argument.
   void upload(const std::vector<T>& host) {
     if (host.size() != count_) throw std::invalid_argument("DeviceBuffer::upload: size mismatch");
     cuda_check(cudaMemcpy(ptr_, host.data(), bytes(), cudaMemcpyHostToDevice), "cudaMemcpy H2D");
   }
+  // A host copy of the buffer (a synchronous cudaMemcpy).
   std::vector<T> download() const {
     std::vector<T> host(count_);
     cuda_check(cudaMemcpy(host.data(), ptr_, bytes(), cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
@@ -98,7 +119,8 @@ class DeviceBuffer {
 
 // Inputs on the device.
 struct DeviceInputs {
-  DeviceBuffer<float> q, k, v, d_out;
+  DeviceBuffer<float> q, k, v, d_out;  // device copies of HostInputs' tensors, same shapes
+  // Uploads every tensor of in, d_out included.
   explicit DeviceInputs(const HostInputs& in) : q(in.q), k(in.k), v(in.v), d_out(in.d_out) {}
 };
 
@@ -107,12 +129,17 @@ struct ErrorStats {
   double max_abs = 0.0;     // max |x - ref| over elements where both are finite
   double rel_l2 = 0.0;      // ||x - ref|| / ||ref||
   size_t nonfinite = 0;     // elements where x is NaN/inf but ref is not (or they differ)
-  size_t count = 0;
+  size_t count = 0;         // elements compared
+  // The pass test: no element wrongly non-finite and rel_l2 <= rel_tol; max_abs is not checked.
   bool within(double rel_tol) const { return nonfinite == 0 && rel_l2 <= rel_tol; }
+  // One line, e.g. "rel_l2=1e-07 max_abs=2e-06 nonfinite=0 of 4096".
   std::string describe() const;
 };
+// got against an fp64 reference (the reference namespace's results).
 ErrorStats compare(const std::vector<float>& got, const std::vector<double>& ref);
+// got against an fp32 one, e.g. another stage's output.
 ErrorStats compare(const std::vector<float>& got, const std::vector<float>& ref);
+// Elements that are NaN or infinite.
 size_t count_nonfinite(const std::vector<float>& x);
 
 // Up to max_rows row indices of [0, num_rows): all of them when they fit, else evenly spread and
@@ -121,13 +148,14 @@ std::vector<long long> sample_rows(long long num_rows, long long max_rows);
 // The rows picked out of a [num_rows, width] tensor.
 std::vector<float> gather_rows(const std::vector<float>& x, const std::vector<long long>& rows, int width);
 
-// Times `launch` with CUDA events: `warmup` untimed runs, then `runs` timed ones, each between its
-// own pair of events. The median is the figure we report; min shows the spread.
+// What time_cuda measured.
 struct Timing {
-  double median_ms = 0.0;
-  double min_ms = 0.0;
-  int runs = 0;
+  double median_ms = 0.0;  // the median run in milliseconds: the figure we report
+  double min_ms = 0.0;     // the fastest run in milliseconds; it shows the spread
+  int runs = 0;            // timed runs, the warm-up not counted
 };
+// Times `launch` with CUDA events: `warmup` untimed runs, then `runs` (at least 1) timed ones, each
+// between its own pair of events on `stream`, which is where launch must enqueue its work.
 Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cudaStream_t stream = nullptr);
 
 }  // namespace harness

@@ -12,9 +12,11 @@
 
 namespace registry {
 
+// A stage's forward: the signature every stage header declares (stage01::forward and the rest).
 using ForwardFn = flash::Status (*)(const float* q, const float* k, const float* v, float* o, float* lse, int batch,
                                     int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale,
                                     bool causal, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+// The workspace bytes a stage's forward or backward needs for these sizes.
 using WorkspaceFn = size_t (*)(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
 // dQ, dK, dV from dO, given the forward's O and lse (stage 07 on).
 using BackwardFn = flash::Status (*)(const float* q, const float* k, const float* v, const float* o, const float* lse,
@@ -22,44 +24,53 @@ using BackwardFn = flash::Status (*)(const float* q, const float* k, const float
                                      int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal,
                                      void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
+// One stage of the course: what it is, what it accepts and its entry points.
 struct Stage {
-  int number;
+  int number;          // its place in the course, from 1; the NN of its folder
   const char* folder;  // under stages/
-  const char* name;
+  const char* name;    // short name for tables and messages, e.g. "online softmax"
   const char* lesson;  // the one idea this stage adds
   bool causal;         // accepts causal = true
-  const char* dtype;
-  std::vector<int> head_dims;
-  ForwardFn forward;
-  WorkspaceFn forward_workspace_size;
+  const char* dtype;   // element type of its tensors, e.g. "fp32"
+  std::vector<int> head_dims;          // the head_dim values it accepts
+  ForwardFn forward;                   // never null
+  WorkspaceFn forward_workspace_size;  // the bytes forward needs; never null
   BackwardFn backward = nullptr;  // null: the stage has no backward
-  WorkspaceFn backward_workspace_size = nullptr;
+  WorkspaceFn backward_workspace_size = nullptr;  // null exactly when backward is
 
+  // Whether forward accepts p: causal only where the stage has it, and one of its head_dims.
   bool supports(const harness::Problem& p) const;
+  // forward_workspace_size for p's sizes.
   size_t workspace_bytes(const harness::Problem& p) const;
+  // backward_workspace_size for p's sizes; only for a stage with a backward.
   size_t backward_workspace_bytes(const harness::Problem& p) const;
 };
 
+// Every stage in course order, built on first use; the references stay valid until the program ends.
 const std::vector<Stage>& stages();
+// The stage with that number, or null when there is none.
 const Stage* find(int number);
 // The nearest earlier stage that supports the same problem, or null for the first.
 const Stage* previous(const Stage& stage, const harness::Problem& p);
 
-// One forward run with fresh outputs poisoned with NaN, synchronized, copied back.
+// What run_forward brings back to the host.
 struct ForwardResult {
-  flash::Status status;
-  std::vector<float> o;
-  std::vector<float> lse;
+  flash::Status status;    // the forward's, or the synchronize's; o and lse are empty unless it is ok
+  std::vector<float> o;    // [batch, heads_q, seq_q, head_dim]
+  std::vector<float> lse;  // [batch, heads_q, seq_q]
 };
+// One forward run with p's sizes, scale and causal, into fresh outputs poisoned with NaN,
+// synchronized, copied back. Allocation or copy failures throw (harness::cuda_check).
 ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in);
 
+// What run_backward brings back to the host.
+struct BackwardResult {
+  flash::Status status;           // the first failure of forward, backward or synchronize, else ok
+  std::vector<float> dq, dk, dv;  // shaped like q, k, v; empty unless status is ok
+};
 // The stage's forward (for O and lse), then its backward with the inputs' d_out; gradients are
 // poisoned with NaN first. lse_offset is added to the forward's lse before the backward: tests use
-// it to show the backward really reads lse.
-struct BackwardResult {
-  flash::Status status;
-  std::vector<float> dq, dk, dv;
-};
+// it to show the backward really reads lse. Only for a stage with a backward.
 BackwardResult run_backward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in,
                             float lse_offset = 0.0f);
 

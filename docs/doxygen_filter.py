@@ -9,39 +9,16 @@ lets the same comments be the API reference, without a second comment style:
 Comments inside function bodies, section banners (followed by a blank line) and comments above
 preprocessor lines stay plain comments. Line numbers are kept, so warnings point at the header.
 
-A public symbol with no comment at all stays undocumented, and Doxygen warns (an error in CI),
-except for the declarations listed in docs/api_gaps.txt: those get a visible placeholder until their
-header gains a comment. Usage:
-    doxygen_filter.py FILE               prints FILE filtered (what Doxygen calls)
-    doxygen_filter.py --gaps             checks docs/api_gaps.txt against the headers
-    doxygen_filter.py --write-gaps LOG   adds the declarations a Doxygen log calls undocumented
+A public symbol with no comment at all stays undocumented, and Doxygen warns (an error in CI).
+Usage:
+    doxygen_filter.py FILE    prints FILE filtered (what Doxygen calls)
 """
 import pathlib
 import re
 import sys
 
-DOCS = pathlib.Path(__file__).resolve().parent
-ROOT = DOCS.parent
-GAPS = DOCS / "api_gaps.txt"
-PLACEHOLDER = "/** Not yet documented in its header (listed in docs/api_gaps.txt). */ "
 AGGREGATE = re.compile(r"\b(namespace|struct|class|union|enum|extern)\b")
 ACCESS = re.compile(r"^(public|private|protected)\s*:$")
-
-
-def normalize(code):
-    return " ".join(code.split())
-
-
-def load_gaps():
-    gaps = {}
-    if GAPS.exists():
-        for line in GAPS.read_text().splitlines():
-            line = line.split("  #", 1)[0].strip()
-            if not line or line.startswith("#"):
-                continue
-            path, _, decl = line.partition(": ")
-            gaps.setdefault(path.strip(), set()).add(normalize(decl))
-    return gaps
 
 
 def split_line(line, in_block):
@@ -100,11 +77,6 @@ def doc_block(texts, suffix=""):
 
 def filter_header(path):
     lines = path.read_text().splitlines()
-    try:
-        rel = path.resolve().relative_to(ROOT).as_posix()
-    except ValueError:
-        rel = path.as_posix()
-    gaps = load_gaps().get(rel, set())
     out = list(lines)
 
     # The file's opening comment documents the file.
@@ -143,8 +115,6 @@ def filter_header(path):
             block_indent = re.match(r"\s*", lines[pending[0]])[0]
             for i, doc in zip(pending, doc_block(texts)):
                 out[i] = block_indent + doc
-        elif starts_statement and normalize(code) in gaps:
-            lead = PLACEHOLDER
         pending = []
 
         # Track scopes: an aggregate's braces hold declarations, a function's hold code.
@@ -186,65 +156,7 @@ def filter_header(path):
     return "\n".join(out) + "\n"
 
 
-def check_gaps():
-    """Lists the entries of api_gaps.txt; fails on entries that match no declaration."""
-    stale = 0
-    for rel, decls in sorted(load_gaps().items()):
-        path = ROOT / rel
-        text = {normalize(split_line(l, False)[0]) for l in path.read_text().splitlines()} if path.exists() else set()
-        for decl in sorted(decls):
-            state = "ok" if decl in text else "STALE (no such line: remove it)"
-            stale += decl not in text
-            print(f"{rel}: {decl}    [{state}]")
-    return 1 if stale else 0
-
-
-def write_gaps(log):
-    """Adds to api_gaps.txt every declaration a Doxygen log calls undocumented; drops stale entries."""
-    found = {}
-    pattern = re.compile(r"^(?P<file>[^:]+):(?P<line>\d+): (?:warning|error): (?:Member (?P<member>.+?)|"
-                         r"Compound (?P<compound>.+?)) is not documented\.$")
-    for entry in pathlib.Path(log).read_text().splitlines():
-        m = pattern.match(entry)
-        if not m:
-            continue
-        path = pathlib.Path(m["file"]).resolve()
-        rel = path.relative_to(ROOT).as_posix()
-        code = normalize(split_line(path.read_text().splitlines()[int(m["line"]) - 1], False)[0])
-        symbol = m["compound"]
-        if not symbol:
-            parts = re.match(r"^(?P<name>.*?) \((?P<kind>\w+)\) of \w+ (?P<scope>\S+)$", m["member"])
-            name = parts["name"].split("(")[0] + ("()" if parts["kind"] == "function" else "")
-            symbol = f"{parts['scope']}::{name}"
-        found.setdefault((rel, code), []).append(symbol)
-    # Entries already listed stay (their symbols no longer warn) unless their line is gone.
-    old = GAPS.read_text().splitlines() if GAPS.exists() else []
-    head = [l for l in old if l.startswith("#")]
-    entries = {}
-    for line in old:
-        if line.startswith("#") or not line.strip():
-            continue
-        rel, _, rest = line.partition(": ")
-        decl, _, symbols = rest.partition("  # ")
-        path = ROOT / rel
-        lines = {normalize(split_line(l, False)[0]) for l in path.read_text().splitlines()} if path.exists() else set()
-        if normalize(decl) in lines:
-            entries[(rel, normalize(decl))] = symbols.strip()
-    added = 0
-    for (rel, code), symbols in found.items():
-        added += (rel, code) not in entries
-        entries[(rel, code)] = ", ".join(sorted(set(symbols)))
-    body = [f"{rel}: {code}  # {symbols}" for (rel, code), symbols in sorted(entries.items())]
-    GAPS.write_text("\n".join(head + body) + "\n")
-    print(f"{GAPS}: {len(body)} declarations ({added} new)")
-    return 0
-
-
 def main():
-    if sys.argv[1:] == ["--gaps"]:
-        return check_gaps()
-    if len(sys.argv) == 3 and sys.argv[1] == "--write-gaps":
-        return write_gaps(sys.argv[2])
     if len(sys.argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2

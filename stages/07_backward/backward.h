@@ -14,6 +14,12 @@ namespace stage07 {
 // 0: the forward keeps everything on chip.
 size_t forward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
 
+// Stage 06's forward: O = softmax(scale * Q K^T) V, and each row's log-sum-exp into lse when it is
+// not null (backward needs it). scale is usually 1 / sqrt(head_dim).
+// causal = true applies the bottom-right aligned mask (flash::causal_key_end); a row that sees no
+// key gets O = 0 and lse = -inf. workspace may be null (forward_workspace_size is 0).
+// Every check runs before any launch; a failed status names the bad argument. On success the work
+// is queued on stream, not finished.
 flash::Status forward(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
                       int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, void* workspace,
                       size_t workspace_bytes, cudaStream_t stream);
@@ -21,7 +27,8 @@ flash::Status forward(const float* q, const float* k, const float* v, float* o, 
 // batch * heads_q * seq_q floats for D = rowsum(dO * O): O(N), never O(N^2).
 size_t backward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
 
-// lse must be the forward's for the same q, k, v, scale and causal.
+// dQ, dK, dV from d_o (dO). lse must be the forward's for the same q, k, v, scale and causal, and
+// may not be null here. workspace: backward_workspace_size(...) bytes. Checks and status as forward.
 flash::Status backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
                        const float* d_o, float* dq, float* dk, float* dv, int batch, int heads_q, int heads_kv,
                        int seq_q, int seq_kv, int head_dim, float scale, bool causal, void* workspace,
