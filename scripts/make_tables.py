@@ -12,6 +12,7 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   stage-NN    stage NN over sequence lengths 512 .. 16384
   backward    the backward of every stage that has one, over the same lengths
   runner      the course runner's table, verbatim
+  compare     the stages against PyTorch's attention backends (bench/compare.py's table)
   ncu-dNN     Nsight Compute metrics of the fused kernels (stages 03-06) at head_dim NN, one row per
               metric, one column per stage, from bench/results/h100_ncu_dNN.csv
               (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time
@@ -26,6 +27,7 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench/results/h100_bench.json"
 RUNNER = ROOT / "bench/results/h100_runner.txt"
+COMPARE = ROOT / "bench/results/compare_h100.md"
 NCU = ROOT / "bench/results/h100_ncu_d{}.csv"
 # H100 SXM datasheet FP32 (FFMA) peak, as listed in ../shared/perf-anchors.md.
 FP32_PEAK_TFLOPS = 67.0
@@ -139,9 +141,17 @@ def ncu_table(head_dim, runs):
     return "\n".join(lines)
 
 
+def compare_table():
+    """The stages against PyTorch: bench/compare.py's own Markdown table, from its heading to the notes."""
+    text = COMPARE.read_text()
+    body = text[text.index("TFLOP/s, forward / backward"):text.index("## Notes")].strip()
+    made_by = next(line for line in text.splitlines() if line.startswith("Made by"))
+    return f"{made_by}\n\n{body}\n\nNotes (backends that refused fp32, cases that did not fit): `bench/results/compare_h100.md`."
+
+
 def tables():
     runs = load_bench()
-    out = {"course": course_table(runs), "runner": runner_table()}
+    out = {"course": course_table(runs), "runner": runner_table(), "compare": compare_table()}
     for d in (64, 128):
         out[f"ncu-d{d}"] = ncu_table(d, runs)
     for stage in sorted({k[0] for k in runs}):
