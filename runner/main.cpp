@@ -212,8 +212,10 @@ int main(int argc, char** argv) {
       }
       char prev[32] = "-";
       if (r.prev) std::snprintf(prev, sizeof prev, "%.1e (vs %02d)", r.vs_prev.rel_l2, r.prev);
-      std::printf("%-5d %-16s %10.3f %9.2f %8.1fx %-18s %-12.1e %14zu  %s\n", r.stage->number, r.stage->name, r.ms,
-                  r.tflops, r.speedup, prev, r.vs_ref.rel_l2, r.workspace, r.pass ? "PASS" : "FAIL");
+      char speedup[16] = "-";  // stage 01 did not run (--stage N)
+      if (r.speedup > 0) std::snprintf(speedup, sizeof speedup, "%.1fx", r.speedup);
+      std::printf("%-5d %-16s %10.3f %9.2f %9s %-18s %-12.1e %14zu  %s\n", r.stage->number, r.stage->name, r.ms,
+                  r.tflops, speedup, prev, r.vs_ref.rel_l2, r.workspace, r.pass ? "PASS" : "FAIL");
     }
   }
   return all_pass ? 0 : 1;
