@@ -13,6 +13,7 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   backward    the backward of every stage that has one, over the same lengths
   runner      the course runner's table, verbatim
   compare     the stages against PyTorch's attention backends (bench/compare.py's table)
+  backward-split  the time of each of stage 07's backward kernels (Nsight Compute)
   ncu-dNN     Nsight Compute metrics of the fused kernels (stages 03-06) at head_dim NN, one row per
               metric, one column per stage, from bench/results/h100_ncu_dNN.csv
               (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time
@@ -28,6 +29,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench/results/h100_bench.json"
 RUNNER = ROOT / "bench/results/h100_runner.txt"
 COMPARE = ROOT / "bench/results/compare_h100.md"
+NCU_BACKWARD = ROOT / "bench/results/h100_ncu_backward.csv"
 NCU = ROOT / "bench/results/h100_ncu_d{}.csv"
 # H100 SXM datasheet FP32 (FFMA) peak, as listed in ../shared/perf-anchors.md.
 FP32_PEAK_TFLOPS = 67.0
@@ -149,9 +151,33 @@ def compare_table():
     return f"{made_by}\n\n{body}\n\nNotes (backends that refused fp32, cases that did not fit): `bench/results/compare_h100.md`."
 
 
+def backward_split_table():
+    """Time of each backward kernel (scripts/profile_backward.sh): what the dQ pass costs."""
+    times = {}
+    for row in csv.reader(NCU_BACKWARD.open()):
+        d, kernel, value = int(row[0]), row[5], float(row[-1].replace(",", "")) / 1e6
+        name = next(k for k in ("row_dot_kernel", "dk_dv_kernel", "dq_kernel") if k in kernel)
+        times[(d, name)] = value
+    labels = {"row_dot_kernel": "1. D = rowsum(dO o O)", "dk_dv_kernel": "2. dK, dV (per key tile)",
+              "dq_kernel": "3. dQ (per query tile)"}
+    dims = sorted({d for d, _ in times})
+    lines = ["| kernel | " + " | ".join(f"d={d}: ms (share)" for d in dims) + " |", "|---|" + "---|" * len(dims)]
+    for name, label in labels.items():
+        cells = []
+        for d in dims:
+            total = sum(v for (dd, _), v in times.items() if dd == d)
+            cells.append(f"{times[(d, name)]:.2f} ({100 * times[(d, name)] / total:.0f}%)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Batch 4, 16 heads, seq 4096, not causal; Nsight Compute durations of one backward call. "
+                 "From `bench/results/h100_ncu_backward.csv` (`scripts/profile_backward.sh`).")
+    return "\n".join(lines)
+
+
 def tables():
     runs = load_bench()
-    out = {"course": course_table(runs), "runner": runner_table(), "compare": compare_table()}
+    out = {"course": course_table(runs), "runner": runner_table(), "compare": compare_table(),
+           "backward-split": backward_split_table()}
     for d in (64, 128):
         out[f"ncu-d{d}"] = ncu_table(d, runs)
     for stage in sorted({k[0] for k in runs}):

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <tuple>
+#include <cstdio>
 #include <cstring>
 #include <sstream>
 
@@ -366,7 +367,9 @@ TEST_P(BackwardSweep, MatchesReferenceGradients) {
     const bool exactly_zero = std::all_of(r->begin(), r->end(), [](double e) { return e == 0.0; });
     EXPECT_TRUE(exactly_zero ? err.nonfinite == 0 && err.max_abs < kBackwardTolerance : err.within(kBackwardTolerance))
         << name << ": " << err.describe();
-    RecordProperty(std::string(name) + "_rel_l2", std::to_string(err.rel_l2));
+    char rel_l2[32];  // scientific: the errors are around 1e-6, below std::to_string's six decimals
+    std::snprintf(rel_l2, sizeof rel_l2, "%.3e", err.rel_l2);
+    RecordProperty(std::string(name) + "_rel_l2", rel_l2);
   }
 }
 
