@@ -13,8 +13,12 @@
 
 #include "reference.h"
 #include "registry.h"
+#include "stage_params.h"
 
 namespace {
+
+using stage_params::stage_label;
+using stage_params::stages_where;
 
 constexpr uint64_t kSeed = 7;
 // fp32 sums of up to a few thousand terms: a correct stage sits near 1e-7 relative, well under this.
@@ -39,7 +43,7 @@ const registry::Stage& stage_of(const Case& c) { return *registry::find(c.stage_
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const harness::Problem& p = info.param.problem;
   std::ostringstream s;
-  s << "stage" << (info.param.stage_number < 10 ? "0" : "") << info.param.stage_number << "_d" << p.head_dim << "_b"
+  s << stage_params::label(info.param.stage_number) << "_d" << p.head_dim << "_b"
     << p.batch << "h" << p.heads_q << "kv" << p.heads_kv << "_q" << p.seq_q << "_k" << p.seq_kv
     << (p.causal ? "_causal" : "");
   return s.str();
@@ -60,28 +64,10 @@ std::vector<Case> sweep() {
       for (const auto& h : heads)
         for (const auto& [seq_q, seq_kv] : seqs)
           for (bool causal : {false, true}) {
-            harness::Problem p;
-            p.batch = h[0];
-            p.heads_q = h[1];
-            p.heads_kv = h[2];
-            p.seq_q = seq_q;
-            p.seq_kv = seq_kv;
-            p.head_dim = head_dim;
-            p.causal = causal;
+            const harness::Problem p{h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal};
             if (stage.supports(p)) cases.push_back({stage.number, p});
           }
   return cases;
-}
-
-std::string stage_label(const ::testing::TestParamInfo<registry::Stage>& info) {
-  return std::string("stage") + (info.param.number < 10 ? "0" : "") + std::to_string(info.param.number);
-}
-
-std::vector<registry::Stage> stages_where(bool (*keep)(const registry::Stage&)) {
-  std::vector<registry::Stage> kept;
-  for (const registry::Stage& s : registry::stages())
-    if (keep(s)) kept.push_back(s);
-  return kept;
 }
 
 void require_gpu() {
@@ -328,23 +314,10 @@ std::vector<Case> backward_sweep() {
       for (bool causal : {false, true}) {
         for (const auto& h : heads)
           for (const auto& [seq_q, seq_kv] : seqs) {
-            harness::Problem p;
-            p.batch = h[0];
-            p.heads_q = h[1];
-            p.heads_kv = h[2];
-            p.seq_q = seq_q;
-            p.seq_kv = seq_kv;
-            p.head_dim = head_dim;
-            p.causal = causal;
-            cases.push_back({stage.number, p});
+            cases.push_back({stage.number, {h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal}});
           }
         for (const auto& [seq_q, seq_kv] : {std::pair{1000, 1000}, {1024, 1000}, {1000, 2049}}) {
-          harness::Problem p;
-          p.seq_q = seq_q;
-          p.seq_kv = seq_kv;
-          p.head_dim = head_dim;
-          p.causal = causal;
-          cases.push_back({stage.number, p});
+          cases.push_back({stage.number, {1, 1, 1, seq_q, seq_kv, head_dim, causal}});
         }
       }
   }

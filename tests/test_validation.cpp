@@ -6,8 +6,12 @@
 #include <cstdint>
 
 #include "registry.h"
+#include "stage_params.h"
 
 namespace {
+
+using stage_params::stage_label;
+using stage_params::stages_where;
 
 // Well-formed arguments for a problem the stage supports; each test breaks one thing.
 struct Call {
@@ -174,29 +178,18 @@ TEST_P(StageWithBackward, BackwardChecksShapesAndWorkspace) {
   expect(w, flash::StatusCode::kWorkspaceTooSmall, "needs " + std::to_string(needed));
 }
 
-std::string stage_name(const ::testing::TestParamInfo<registry::Stage>& info) {
-  return std::string("stage") + (info.param.number < 10 ? "0" : "") + std::to_string(info.param.number);
-}
-
-std::vector<registry::Stage> stages_where(bool (*keep)(const registry::Stage&)) {
-  std::vector<registry::Stage> kept;
-  for (const registry::Stage& s : registry::stages())
-    if (keep(s)) kept.push_back(s);
-  return kept;
-}
-
-INSTANTIATE_TEST_SUITE_P(Stages, StageValidation, ::testing::ValuesIn(registry::stages()), stage_name);
+INSTANTIATE_TEST_SUITE_P(Stages, StageValidation, ::testing::ValuesIn(registry::stages()), stage_label);
 INSTANTIATE_TEST_SUITE_P(Stages, StageWithoutCausal,
                          ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return !s.causal; })),
-                         stage_name);
+                         stage_label);
 INSTANTIATE_TEST_SUITE_P(Stages, StageWithWorkspace,
                          ::testing::ValuesIn(stages_where([](const registry::Stage& s) {
                            return Call(s).workspace_bytes > 0;
                          })),
-                         stage_name);
+                         stage_label);
 INSTANTIATE_TEST_SUITE_P(Stages, StageWithBackward,
                          ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.backward != nullptr; })),
-                         stage_name);
+                         stage_label);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StageWithBackward);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StageWithoutCausal);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StageWithWorkspace);
