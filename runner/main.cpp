@@ -100,7 +100,7 @@ bool parse(int argc, char** argv, Options* opt) {
 struct Row {
   const registry::Stage* stage = nullptr;
   std::string status = "ok";  // "ok", or why it did not run
-  double ms = 0, tflops = 0, speedup = 0;
+  double ms = 0, min_ms = 0, tflops = 0, speedup = 0;  // ms: median; min_ms shows the spread
   harness::ErrorStats vs_prev, vs_ref;
   int prev = 0;
   size_t workspace = 0;
@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
               },
               /*warmup=*/3, opt.runs);
           row.ms = t.median_ms;
+          row.min_ms = t.min_ms;
           row.tflops = harness::forward_flops(p) / (t.median_ms * 1e-3) / 1e12;
           if (s.number == 1) baseline_ms = t.median_ms;
           row.speedup = baseline_ms > 0 ? baseline_ms / t.median_ms : 0;
@@ -189,11 +190,12 @@ int main(int argc, char** argv) {
                 opt.dtype.c_str());
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      std::printf("  {\"stage\": %d, \"name\": \"%s\", \"status\": \"%s\", \"ms\": %.6g, \"tflops\": %.6g, "
+      std::printf("  {\"stage\": %d, \"name\": \"%s\", \"status\": \"%s\", \"ms\": %.6g, \"min_ms\": %.6g, "
+                  "\"runs\": %d, \"tflops\": %.6g, "
                   "\"speedup_vs_01\": %.6g, \"previous\": %d, \"rel_l2_vs_previous\": %.6g, "
                   "\"rel_l2_vs_reference\": %.6g, \"max_abs_vs_reference\": %.6g, \"workspace_bytes\": %zu, "
                   "\"pass\": %s}%s\n",
-                  r.stage->number, r.stage->name, r.status.c_str(), r.ms, r.tflops, r.speedup, r.prev,
+                  r.stage->number, r.stage->name, r.status.c_str(), r.ms, r.min_ms, opt.runs, r.tflops, r.speedup, r.prev,
                   r.vs_prev.rel_l2, r.vs_ref.rel_l2, r.vs_ref.max_abs, r.workspace, r.pass ? "true" : "false",
                   i + 1 < rows.size() ? "," : "");
     }
