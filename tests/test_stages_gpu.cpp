@@ -20,6 +20,8 @@ namespace {
 using stage_params::stage_label;
 using stage_params::stages_where;
 
+// Problems below are written {batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, causal}.
+
 constexpr uint64_t kSeed = 7;
 // fp32 sums of up to a few thousand terms: a correct stage sits near 1e-7 relative, well under this.
 constexpr double kFp32Tolerance = 1e-5;
@@ -109,16 +111,7 @@ TEST_P(StageSweep, MatchesReferenceAndPreviousStage) {
 INSTANTIATE_TEST_SUITE_P(Sweep, StageSweep, ::testing::ValuesIn(sweep()), case_name);
 
 // Extreme inputs: scaled scores reach several hundred, past expf's overflow near 88.7.
-harness::Problem extreme_problem() {
-  harness::Problem p;
-  p.batch = 2;
-  p.heads_q = 3;
-  p.heads_kv = 3;
-  p.seq_q = 129;
-  p.seq_kv = 1000;
-  p.head_dim = 64;
-  return p;
-}
+harness::Problem extreme_problem() { return {2, 3, 3, 129, 1000, 64, false}; }
 
 // The lesson of stage 01, asserted: exp(s) overflows to inf, inf / inf is NaN.
 TEST(stage01_naive, ExtremeScoresOverflowToNaN) {
@@ -160,13 +153,7 @@ class EveryStage : public ::testing::TestWithParam<registry::Stage> {
 
 // The same inputs twice give the same bits: no atomics, no order that depends on scheduling.
 TEST_P(EveryStage, IsDeterministic) {
-  harness::Problem p;
-  p.batch = 2;
-  p.heads_q = 8;
-  p.heads_kv = 2;
-  p.seq_q = 1000;
-  p.seq_kv = 1024;
-  p.causal = GetParam().causal;
+  const harness::Problem p{2, 8, 2, 1000, 1024, 64, GetParam().causal};
   const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
   const registry::ForwardResult first = registry::run_forward(GetParam(), p, dev);
   const registry::ForwardResult second = registry::run_forward(GetParam(), p, dev);
@@ -177,8 +164,7 @@ TEST_P(EveryStage, IsDeterministic) {
 
 // One long sequence, one head: 32768 keys per row, 16 times the longest of the sweep.
 TEST_P(EveryStage, LongSequenceMatchesPreviousStage) {
-  harness::Problem p;
-  p.seq_q = p.seq_kv = 32768;
+  const harness::Problem p{1, 1, 1, 32768, 32768, 64, false};
   const registry::Stage* prev = registry::previous(GetParam(), p);
   ASSERT_NE(prev, nullptr);
   const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
@@ -203,8 +189,7 @@ class LongestSequence : public ::testing::TestWithParam<registry::Stage> {
 };
 
 TEST_P(LongestSequence, RunsInLinearMemory) {
-  harness::Problem p;
-  p.seq_q = p.seq_kv = 131072;
+  const harness::Problem p{1, 1, 1, 131072, 131072, 64, false};
   const size_t workspace = GetParam().workspace_bytes(p);
   if (workspace > 0) {
     EXPECT_EQ(workspace, static_cast<size_t>(p.seq_q) * p.seq_kv * sizeof(float));
@@ -233,13 +218,7 @@ class CausalStage : public ::testing::TestWithParam<registry::Stage> {
 
 TEST_P(CausalStage, HiddenKeysDoNotAffectOutput) {
   for (const auto& [seq_q, seq_kv] : {std::pair{200, 200}, {100, 300}, {300, 100}, {129, 1000}, {1000, 129}}) {
-    harness::Problem p;
-    p.batch = 2;
-    p.heads_q = 4;
-    p.heads_kv = 2;
-    p.seq_q = seq_q;
-    p.seq_kv = seq_kv;
-    p.causal = true;
+    const harness::Problem p{2, 4, 2, seq_q, seq_kv, 64, true};
     const int cut = std::clamp(seq_kv - seq_q + seq_q / 2, 1, seq_kv - 1);
     harness::HostInputs host = harness::make_inputs(p, kSeed);
     const registry::ForwardResult before = registry::run_forward(GetParam(), p, harness::DeviceInputs(host));
@@ -354,17 +333,7 @@ class StageBackward : public ::testing::TestWithParam<registry::Stage> {
   void SetUp() override { require_gpu(); }
 };
 
-harness::Problem tiny_problem(bool causal) {
-  harness::Problem p;
-  p.batch = 1;
-  p.heads_q = 2;
-  p.heads_kv = 1;
-  p.seq_q = 5;
-  p.seq_kv = 7;
-  p.head_dim = 32;
-  p.causal = causal;
-  return p;
-}
+harness::Problem tiny_problem(bool causal) { return {1, 2, 1, 5, 7, 32, causal}; }
 
 // The GPU gradients against central differences of the GPU forward itself: f = sum(O * dO).
 // In fp32 the difference quotient carries about eps * |f| / h of rounding, so the step is large
@@ -411,13 +380,7 @@ TEST_P(StageBackward, WrongLseChangesGradients) {
 }
 
 TEST_P(StageBackward, IsDeterministic) {
-  harness::Problem p;
-  p.batch = 2;
-  p.heads_q = 8;
-  p.heads_kv = 2;
-  p.seq_q = 1000;
-  p.seq_kv = 1024;
-  p.causal = true;
+  const harness::Problem p{2, 8, 2, 1000, 1024, 64, true};
   const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
   const registry::BackwardResult a = registry::run_backward(GetParam(), p, dev);
   const registry::BackwardResult b = registry::run_backward(GetParam(), p, dev);
@@ -430,8 +393,7 @@ TEST_P(StageBackward, IsDeterministic) {
 // O(N) memory: seq 65536, one head. The score matrix would be 16 GiB; the backward's workspace is
 // one float per query row.
 TEST_P(StageBackward, LongSequenceRunsInLinearMemory) {
-  harness::Problem p;
-  p.seq_q = p.seq_kv = 65536;
+  const harness::Problem p{1, 1, 1, 65536, 65536, 64, false};
   EXPECT_EQ(GetParam().backward_workspace_bytes(p), p.seq_q * sizeof(float));
   const registry::BackwardResult got = registry::run_backward(GetParam(), p, harness::DeviceInputs(harness::make_inputs(p, kSeed)));
   ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
