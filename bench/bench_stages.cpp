@@ -36,6 +36,9 @@ constexpr uint64_t kSeed = 2024;
 // N = 4096 this is the batch 4 x 16 heads problem the stages' targets are stated for.
 constexpr int kTokens = 16384;
 constexpr int kHeads = 16;
+// The half-precision families use FlashAttention's own grid, H * d = 2048 (32 heads at d64, 16 at
+// d128), the grid of bench/compare.py, so that their figures sit next to PyTorch's.
+constexpr int kHalfHeadsTimesDim = 2048;
 const std::vector<int> kSeqLens = {512, 1024, 2048, 4096, 8192, 16384};
 const std::vector<int> kHeadDims = {64, 128};
 
@@ -47,10 +50,11 @@ constexpr double kUsableFreeMemory = 0.9;
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-harness::Problem make_problem(int seq, int head_dim, bool causal) {
+harness::Problem make_problem(int seq, int head_dim, bool causal, flash::DType dtype) {
   harness::Problem p;
   p.batch = kTokens / seq;
-  p.heads_q = p.heads_kv = kHeads;
+  p.heads_q = p.heads_kv = dtype == flash::DType::kFp32 ? kHeads : kHalfHeadsTimesDim / head_dim;
+  p.dtype = dtype;
   p.seq_q = p.seq_kv = seq;
   p.head_dim = head_dim;
   p.causal = causal;
@@ -62,10 +66,10 @@ harness::Problem make_problem(int seq, int head_dim, bool causal) {
 // they are made once and kept while the sizes stay the same.
 const harness::DeviceInputs& inputs_for(const harness::Problem& p) {
   static std::unique_ptr<harness::DeviceInputs> cached;
-  if (!cached || cached->q.size() != static_cast<size_t>(p.q_elems()) ||
+  if (!cached || cached->dtype() != p.dtype || cached->q.size() != static_cast<size_t>(p.q_elems()) ||
       cached->k.size() != static_cast<size_t>(p.kv_elems())) {
     cached.reset();  // free the old inputs before allocating new ones
-    cached = std::make_unique<harness::DeviceInputs>(harness::make_inputs(p, kSeed));
+    cached = std::make_unique<harness::DeviceInputs>(harness::make_inputs(p, kSeed), p.dtype);
   }
   return *cached;
 }
@@ -132,18 +136,20 @@ void report(benchmark::State& state, double seconds, double flops, double bytes,
   state.counters["workspace_bytes"] = static_cast<double>(workspace_bytes);
 }
 
-void bench_forward(benchmark::State& state, const registry::Stage& stage, int head_dim, bool causal) {
-  const harness::Problem p = make_problem(static_cast<int>(state.range(0)), head_dim, causal);
+void bench_forward(benchmark::State& state, const registry::Stage& stage, int head_dim, bool causal,
+                   flash::DType dtype) {
+  const harness::Problem p = make_problem(static_cast<int>(state.range(0)), head_dim, causal, dtype);
   try {
     const harness::DeviceInputs& in = inputs_for(p);
     const size_t workspace_bytes = stage.workspace_bytes(p);
     // The inputs are already on the device, so free memory has them counted out.
-    if (!fits(state, workspace_bytes + (p.q_elems() + p.rows()) * sizeof(float))) return;
-    harness::DeviceBuffer<float> o(p.q_elems()), lse(p.rows());
+    if (!fits(state, workspace_bytes + p.q_elems() * flash::dtype_size(dtype) + p.rows() * sizeof(float))) return;
+    harness::DeviceTensor o(dtype, static_cast<size_t>(p.q_elems()));
+    harness::DeviceBuffer<float> lse(p.rows());
     harness::DeviceBuffer<unsigned char> workspace(workspace_bytes);
     const double seconds = time_iterations(state, [&] {
       return stage.forward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch, p.heads_q, p.heads_kv,
-                           p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), p.causal, workspace.get(),
+                           p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), p.causal, p.dtype, workspace.get(),
                            workspace.bytes(), nullptr);
     });
     if (seconds > 0)
@@ -158,9 +164,10 @@ void bench_forward(benchmark::State& state, const registry::Stage& stage, int he
 // the forward's (the FlashAttention convention: five matrix products instead of two), whatever
 // the stage recomputes; the compulsory traffic reads Q, K, V, O, dO, lse and writes dQ, dK, dV.
 void bench_backward(benchmark::State& state, const registry::Stage& stage, int head_dim, bool causal) {
-  const harness::Problem p = make_problem(static_cast<int>(state.range(0)), head_dim, causal);
+  const harness::Problem p = make_problem(static_cast<int>(state.range(0)), head_dim, causal, flash::DType::kFp32);
   try {
     const harness::DeviceInputs& in = inputs_for(p);
+    const auto fp32 = [](const harness::DeviceTensor& t) { return static_cast<const float*>(t.get()); };
     const size_t workspace_bytes = stage.backward_workspace_bytes(p);
     const size_t buffer_bytes = (3 * p.q_elems() + p.rows() + 2 * p.kv_elems()) * sizeof(float);
     if (!fits(state, workspace_bytes + buffer_bytes + stage.workspace_bytes(p))) return;
@@ -168,14 +175,14 @@ void bench_backward(benchmark::State& state, const registry::Stage& stage, int h
     harness::DeviceBuffer<unsigned char> forward_workspace(stage.workspace_bytes(p)), workspace(workspace_bytes);
     const flash::Status status =
         stage.forward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q,
-                      p.seq_kv, p.head_dim, p.softmax_scale(), p.causal, forward_workspace.get(),
+                      p.seq_kv, p.head_dim, p.softmax_scale(), p.causal, p.dtype, forward_workspace.get(),
                       forward_workspace.bytes(), nullptr);
     if (!status.ok()) {
       state.SkipWithError(flash::to_string(status).c_str());
       return;
     }
     const double seconds = time_iterations(state, [&] {
-      return stage.backward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), in.d_out.get(), dq.get(),
+      return stage.backward(fp32(in.q), fp32(in.k), fp32(in.v), o.get(), lse.get(), fp32(in.d_out), dq.get(),
                             dk.get(), dv.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim,
                             p.softmax_scale(), p.causal, workspace.get(), workspace.bytes(), nullptr);
     });
@@ -188,15 +195,18 @@ void bench_backward(benchmark::State& state, const registry::Stage& stage, int h
 
 void register_benchmarks() {
   for (const registry::Stage& stage : registry::stages()) {
+    for (flash::DType dtype : stage.dtypes)
     for (int head_dim : kHeadDims) {
       for (bool causal : {false, true}) {
         // Every N shares head_dim and causal, so the first grid point decides support.
-        if (!stage.supports(make_problem(kSeqLens.front(), head_dim, causal))) continue;
-        const std::string name = std::string("stage") + stage.folder + "/d" + std::to_string(head_dim) + "/causal" +
-                                 (causal ? "1" : "0");
+        if (!stage.supports(make_problem(kSeqLens.front(), head_dim, causal, dtype))) continue;
+        // fp32 families keep their names (stage05_warp_shuffle/d64/causal0); half ones name the dtype.
+        const std::string dtype_part = dtype == flash::DType::kFp32 ? "" : std::string("/") + flash::dtype_name(dtype);
+        const std::string name = std::string("stage") + stage.folder + dtype_part + "/d" + std::to_string(head_dim) +
+                                 "/causal" + (causal ? "1" : "0");
         benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
-            name.c_str(), [&stage, head_dim, causal](benchmark::State& state) {
-              bench_forward(state, stage, head_dim, causal);
+            name.c_str(), [&stage, head_dim, causal, dtype](benchmark::State& state) {
+              bench_forward(state, stage, head_dim, causal, dtype);
             });
         b->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
         for (int seq : kSeqLens) b->Arg(seq);

@@ -4,6 +4,7 @@ on the same inputs, forward and backward, over the FlashAttention benchmark grid
 
     PYTHONPATH=<build>/python python3 bench/compare.py            # the full grid: 176 s on the course's H100
     PYTHONPATH=<build>/python python3 bench/compare.py --quick    # a small subset, a smoke test
+    PYTHONPATH=<build>/python python3 bench/compare.py --dtype bfloat16   # the half stages (forward)
 
 Implementations:
   stageNN          flash_stages.forward / .backward (backward only for stages that have one)
@@ -30,7 +31,13 @@ TFLOP/s by the FlashAttention convention: forward 4*B*H*N^2*d, halved when causa
 forward. Each forward's output (and each backward's dq) is checked against sdpa-efficient's on the
 same inputs (relative L2), so a fast wrong answer shows.
 
-Writes bench/results/compare_<tag>.json, .md and compare_<tag>_forward.png / _backward.png.
+Half precision (--dtype bfloat16 or float16): the stages that have the dtype and PyTorch's
+backends in it, forward only (no half stage has a backward yet); outputs are checked against
+sdpa-math in the same dtype, and the table adds each stage's speed over sdpa-flash
+(FlashAttention-2) per cell and as a geometric mean.
+
+Writes bench/results/compare_<tag>.json, .md and compare_<tag>_forward.png / _backward.png; a half
+dtype adds it to the tag (compare_h100_bf16).
 """
 
 import argparse
@@ -71,6 +78,8 @@ def parse_args():
                         "on an H100 every case runs; the naive stages 01-02 take about 2.4 s a call at N = 16384)")
     p.add_argument("--sets", type=int, default=2, help="input sets rotated through (default 2)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="element type of q, k, v (default float32; TF32 stays off)")
     return p.parse_args()
 
 
@@ -122,11 +131,15 @@ def main():
     budget_s = (args.budget_ms if args.budget_ms is not None else (100.0 if args.quick else 300.0)) / 1e3
     max_call_s = args.max_call_ms / 1e3
     seq_lens = QUICK_SEQ_LENS if args.quick else SEQ_LENS
-    tag = args.tag or gpu_tag(props.name) + ("_quick" if args.quick else "")
+    half = args.dtype != "float32"
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}[args.dtype]
+    tag = args.tag or gpu_tag(props.name) + (f"_{short}" if half else "") + ("_quick" if args.quick else "")
     n_sets = max(1, args.sets)
-    dtype = torch.float32
+    dtype = getattr(torch, args.dtype)
+    reference_impl = "sdpa-math" if half else REFERENCE_IMPL
+    directions = ("forward",) if half else ("forward", "backward")
 
-    stages = [s for s in flash_stages.stages() if s.supports(dtype="float32")]
+    stages = [s for s in flash_stages.stages() if s.supports(dtype=args.dtype)]
     backend_enum = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                     "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
@@ -197,7 +210,7 @@ def main():
                 batch = TOKENS // seq
                 scale = 1.0 / math.sqrt(head_dim)
                 shape = (batch, heads, seq, head_dim)
-                quad_bytes = batch * heads * seq * seq * 4
+                quad_bytes = batch * heads * seq * seq * dtype.itemsize
                 g = torch.Generator(device=device).manual_seed(1000 + seq + head_dim + int(causal))
                 sets = [tuple(torch.randn(shape, generator=g, device=device, dtype=dtype) for _ in range(4))
                         for _ in range(n_sets)]  # (q, k, v, do) per set
@@ -206,9 +219,9 @@ def main():
                 label = f"d={head_dim} causal={int(causal)} N={seq} B={batch} H={heads}"
 
                 ref_o = ref_dq = None
-                ordered = [REFERENCE_IMPL] + [i for i in impls if i != REFERENCE_IMPL]
+                ordered = [reference_impl] + [i for i in impls if i != reference_impl]
                 for impl in ordered:
-                    for direction in ("forward", "backward"):
+                    for direction in directions:
                         row = dict(config, impl=impl, direction=direction, status="ok", reason="",
                                    median_ms=None, min_ms=None, runs=0, tflops=None, err_vs_ref=None)
                         key = (impl, direction, head_dim, causal)
@@ -227,7 +240,7 @@ def main():
                                                f"over --max-call-ms {args.max_call_ms:.0f}")
                             free = free_bytes()
                             if st is not None:
-                                need = 2 * shape[0] * shape[1] * shape[2] * shape[3] * 4 * n_sets
+                                need = 2 * shape[0] * shape[1] * shape[2] * shape[3] * dtype.itemsize * n_sets
                                 if direction == "forward":
                                     ws = flash_stages.forward_workspace_bytes(st.number, batch, heads, heads, seq,
                                                                               seq, head_dim)
@@ -251,7 +264,7 @@ def main():
                                        tflops=flops(batch, heads, seq, head_dim, causal, direction) / (ms * 1e-3)
                                        / 1e12)
                             last_ms[key] = (seq, ms)
-                            if impl == REFERENCE_IMPL:
+                            if impl == reference_impl:
                                 if direction == "forward":
                                     ref_o = out
                                 else:
@@ -290,12 +303,12 @@ def main():
         gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
         torch=torch.__version__, cuda=torch.version.cuda,
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        python=platform.python_version(), dtype="float32", tf32=False,
+        python=platform.python_version(), dtype=args.dtype, tf32=False,
         grid=dict(tokens=TOKENS, hidden=HIDDEN, head_dims=HEAD_DIMS, seq_lens=seq_lens, causal=[False, True]),
         timing=dict(method="CUDA events per call, median", warmup_calls=1, min_runs=3, max_runs=50,
                     budget_ms=budget_s * 1e3, input_sets=n_sets, max_call_ms=args.max_call_ms),
         flops="forward 4*B*H*N^2*d, halved when causal; backward 2.5 x forward",
-        reference=REFERENCE_IMPL, elapsed_s=round(elapsed, 1),
+        reference=reference_impl, elapsed_s=round(elapsed, 1),
         stages={f"stage{s.number:02d}": dict(name=s.name, lesson=s.lesson, backward=s.backward, causal=s.causal)
                 for s in stages},
     )
@@ -348,7 +361,7 @@ def markdown(meta, results, impls):
     ok = {(r["impl"], r["direction"], r["head_dim"], r["causal"], r["seq"]): r for r in results}
     shown = [i for i in impls if any(r["impl"] == i and r["status"] == "ok" for r in results)]
     lines = [
-        f"# Stages vs PyTorch on the {meta['gpu']} ({meta['dtype']}, TF32 off)",
+        f"# Stages vs PyTorch on the {meta['gpu']} ({meta['dtype']}{', TF32 off' if meta['dtype'] == 'float32' else ''})",
         "",
         f"Made by `{meta['command']}` on {meta['date']} in {meta['elapsed_s']} s: PyTorch {meta['torch']} "
         f"(CUDA {meta['cuda']}, cuDNN {meta['cudnn']}).",
@@ -377,6 +390,32 @@ def markdown(meta, results, impls):
         if all(c in ("·", "–", "– / –", "· / ·") for c in cells):
             continue
         lines.append(f"| {d} | {'yes' if causal else 'no'} | {batch} | {heads} | {seq} | " + " | ".join(cells) + " |")
+
+    stage_names = [i for i in shown if i.startswith("stage")]
+    if meta["dtype"] != "float32" and "sdpa-flash" in shown and stage_names:
+        lines += ["", f"Forward speed over sdpa-flash (FlashAttention-2) in the same run, per cell, and the geometric "
+                  f"mean over the cells with N >= 1024:", "",
+                  "| d | causal | N | " + " | ".join(f"{i} / flash" for i in stage_names) + " | sdpa-cudnn / flash |",
+                  "|---|---|---|" + "---|" * (len(stage_names) + 1)]
+        ratios = {i: [] for i in stage_names + ["sdpa-cudnn"]}
+        for d, causal, seq, batch, heads in configs:
+            base = ok.get(("sdpa-flash", "forward", d, causal, seq))
+            if not base or base["status"] != "ok":
+                continue
+            cells = []
+            for impl in stage_names + ["sdpa-cudnn"]:
+                r = ok.get((impl, "forward", d, causal, seq))
+                if r and r["status"] == "ok":
+                    ratio = base["median_ms"] / r["median_ms"]
+                    if seq >= 1024:
+                        ratios[impl].append(ratio)
+                    cells.append(f"{ratio:.2f}x")
+                else:
+                    cells.append("–")
+            lines.append(f"| {d} | {'yes' if causal else 'no'} | {seq} | " + " | ".join(cells) + " |")
+        geo = [f"{math.exp(sum(map(math.log, v)) / len(v)):.2f}x (min {min(v):.2f}x)" if v else "–"
+               for v in ratios.values()]
+        lines.append("| geometric mean | | N >= 1024 | " + " | ".join(geo) + " |")
 
     errs = [r["err_vs_ref"] for r in results if r["err_vs_ref"] is not None]
     lines += ["", "## Notes", ""]
@@ -438,7 +477,8 @@ def plots(meta, results, impls, base):
             ax.set_ylabel("TFLOP/s")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=7, ncol=2)
-        fig.suptitle(f"{direction}, fp32 (TF32 off), {meta['gpu']}, PyTorch {meta['torch']}")
+        fig.suptitle(f"{direction}, {meta['dtype']}{' (TF32 off)' if meta['dtype'] == 'float32' else ''}, "
+                     f"{meta['gpu']}, PyTorch {meta['torch']}")
         fig.tight_layout()
         path = f"{base}_{direction}.png"
         fig.savefig(path, dpi=110)

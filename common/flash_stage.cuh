@@ -31,7 +31,30 @@ enum class StatusCode : int {
   kNotSupported,          // a feature this stage does not have (causal before stage 06, ...)
   kWorkspaceTooSmall,     // workspace_bytes < the stage's forward_workspace_size
   kCudaError,             // CUDA itself failed; cuda_error says how
+  kDtypeNotSupported,     // the tensors' element type is not one this stage was compiled for
+  kArchNotSupported,      // the GPU lacks an instruction the stage needs (value: its compute capability)
 };
+
+// The element type of q, k, v and o (and of the gradients). lse is always fp32, and so is every
+// accumulator: half-precision stages multiply in fp16/bf16 on the tensor cores and add in fp32.
+enum class DType : int {
+  kFp32 = 0,  // float: stages 01-07, on the CUDA cores
+  kFp16 = 1,  // __half: 10 mantissa bits, exponent range to 65504
+  kBf16 = 2,  // __nv_bfloat16: 7 mantissa bits, fp32's exponent range
+};
+
+// "fp32", "fp16" or "bf16": the spelling of the registry, the runner's --dtype and the docs.
+inline const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFp32: return "fp32";
+    case DType::kFp16: return "fp16";
+    case DType::kBf16: return "bf16";
+  }
+  return "unknown dtype";
+}
+
+// Bytes per element of a tensor in this dtype.
+inline size_t dtype_size(DType dtype) { return dtype == DType::kFp32 ? 4 : 2; }
 
 // A status names what was wrong, not only that something was: the argument, its value and, where
 // there is one, the value it needed. Plain data, so it crosses a C ABI unchanged.
@@ -83,6 +106,8 @@ inline const char* status_name(StatusCode code) {
     case StatusCode::kNotSupported: return "not supported by this stage";
     case StatusCode::kWorkspaceTooSmall: return "workspace too small";
     case StatusCode::kCudaError: return "CUDA error";
+    case StatusCode::kDtypeNotSupported: return "dtype not supported";
+    case StatusCode::kArchNotSupported: return "GPU architecture not supported";
   }
   return "unknown status";
 }
@@ -105,6 +130,12 @@ inline std::string to_string(const Status& s) {
     case StatusCode::kWorkspaceTooSmall:
       msg += ": " + arg + " = " + val + ", needs " + std::to_string(s.required); break;
     case StatusCode::kCudaError: msg += ": " + std::string(cudaGetErrorString(s.cuda_error)); break;
+    case StatusCode::kDtypeNotSupported:
+      msg += ": " + arg + " = " + dtype_name(static_cast<DType>(s.value)); break;
+    case StatusCode::kArchNotSupported:
+      msg += ": the GPU has compute capability " + std::to_string(s.value / 10) + "." + std::to_string(s.value % 10) +
+             ", this stage needs " + std::to_string(s.required / 10) + "." + std::to_string(s.required % 10) +
+             " or newer"; break;
   }
   return msg;
 }
@@ -129,7 +160,8 @@ inline bool aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(p) 
 
 // Checks what every stage requires of a forward call. Stage-specific checks (causal, workspace)
 // follow in the stage's own launcher.
-inline Status check_forward_args(const float* q, const float* k, const float* v, const float* o, const float* lse,
+// The pointers are untyped so that one check serves every dtype.
+inline Status check_forward_args(const void* q, const void* k, const void* v, const void* o, const float* lse,
                                  int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim,
                                  float scale) {
   if (!q) return make_status(StatusCode::kNullPointer, "q", 0);
@@ -154,6 +186,26 @@ inline Status check_forward_args(const float* q, const float* k, const float* v,
   if (!aligned(v)) return make_status(StatusCode::kMisalignedPointer, "v", 0);
   if (!aligned(o)) return make_status(StatusCode::kMisalignedPointer, "o", 0);
   if (lse && !aligned(lse)) return make_status(StatusCode::kMisalignedPointer, "lse", 0);
+  return Status{};
+}
+
+// The tensor-core stages (08 on) take fp16 or bf16; fp32 stays with stages 01-07.
+inline Status check_half_dtype(DType dtype) {
+  if (dtype != DType::kFp16 && dtype != DType::kBf16)
+    return make_status(StatusCode::kDtypeNotSupported, "dtype", static_cast<long long>(dtype));
+  return Status{};
+}
+
+// Refuses a GPU older than compute capability `needed` (80 for 8.0): mma.sync with bf16, ldmatrix and
+// cp.async arrived with Ampere, and a kernel built without them would do nothing.
+inline Status check_compute_capability(int needed) {
+  int device = 0, major = 0, minor = 0;
+  Status s = cuda_status(cudaGetDevice(&device));
+  if (s.ok()) s = cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (s.ok()) s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (!s.ok()) return s;
+  if (10 * major + minor < needed)
+    return make_status(StatusCode::kArchNotSupported, "device", 10 * major + minor, needed);
   return Status{};
 }
 

@@ -1,7 +1,11 @@
 #include "harness.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <sstream>
 
@@ -29,18 +33,78 @@ float Problem::softmax_scale() const {
 std::string Problem::describe() const {
   std::ostringstream s;
   s << "batch=" << batch << " heads_q=" << heads_q << " heads_kv=" << heads_kv << " seq_q=" << seq_q
-    << " seq_kv=" << seq_kv << " head_dim=" << head_dim << " causal=" << (causal ? 1 : 0);
+    << " seq_kv=" << seq_kv << " head_dim=" << head_dim << " causal=" << (causal ? 1 : 0)
+    << " dtype=" << flash::dtype_name(dtype);
   return s.str();
 }
 
+double Problem::visible_pairs() const {
+  const double all = static_cast<double>(seq_q) * seq_kv;
+  if (!causal) return all;
+  // Query i sees i + offset + 1 keys, clamped to [0, seq_kv], with offset = seq_kv - seq_q: a run of
+  // rows that see nothing, a ramp that grows by one key per row, and rows that see everything.
+  const long long offset = static_cast<long long>(seq_kv) - seq_q;
+  const long long ramp_first = std::max(0LL, -offset);                      // first row that sees a key
+  const long long ramp_end = std::min<long long>(seq_q, seq_kv - offset);  // first row that sees all
+  double pairs = 0.0;
+  if (ramp_end > ramp_first) {  // sum of (i + offset + 1) over [ramp_first, ramp_end)
+    const double n = static_cast<double>(ramp_end - ramp_first);
+    pairs += n * (ramp_first + offset + 1) + n * (n - 1) / 2.0;
+  }
+  pairs += static_cast<double>(seq_q - std::max(ramp_end, ramp_first)) * seq_kv;
+  return pairs;
+}
+
 double forward_flops(const Problem& p) {
-  const double flops = 4.0 * p.batch * p.heads_q * static_cast<double>(p.seq_q) * p.seq_kv * p.head_dim;
-  return p.causal ? flops / 2.0 : flops;
+  return 4.0 * p.batch * p.heads_q * p.visible_pairs() * p.head_dim;
 }
 
 double forward_compulsory_bytes(const Problem& p) {
-  const double elems = 2.0 * p.q_elems() + 2.0 * p.kv_elems() + p.rows();  // q, o, k, v, lse
-  return elems * sizeof(float);
+  const double elems = 2.0 * p.q_elems() + 2.0 * p.kv_elems();  // q, o, k, v
+  return elems * flash::dtype_size(p.dtype) + p.rows() * sizeof(float);  // and lse
+}
+
+float round_to(flash::DType dtype, float x) {
+  switch (dtype) {
+    case flash::DType::kFp16: return __half2float(__float2half_rn(x));
+    case flash::DType::kBf16: return __bfloat162float(__float2bfloat16_rn(x));
+    case flash::DType::kFp32: break;
+  }
+  return x;
+}
+
+std::vector<unsigned char> encode(const std::vector<float>& x, flash::DType dtype) {
+  std::vector<unsigned char> bytes(x.size() * flash::dtype_size(dtype));
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (dtype == flash::DType::kFp16) {
+      const __half h = __float2half_rn(x[i]);
+      std::memcpy(&bytes[2 * i], &h, 2);
+    } else if (dtype == flash::DType::kBf16) {
+      const __nv_bfloat16 h = __float2bfloat16_rn(x[i]);
+      std::memcpy(&bytes[2 * i], &h, 2);
+    } else {
+      std::memcpy(&bytes[4 * i], &x[i], 4);
+    }
+  }
+  return bytes;
+}
+
+std::vector<float> decode(const std::vector<unsigned char>& bytes, flash::DType dtype) {
+  std::vector<float> x(bytes.size() / flash::dtype_size(dtype));
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (dtype == flash::DType::kFp16) {
+      __half h;
+      std::memcpy(&h, &bytes[2 * i], 2);
+      x[i] = __half2float(h);
+    } else if (dtype == flash::DType::kBf16) {
+      __nv_bfloat16 h;
+      std::memcpy(&h, &bytes[2 * i], 2);
+      x[i] = __bfloat162float(h);
+    } else {
+      std::memcpy(&x[i], &bytes[4 * i], 4);
+    }
+  }
+  return x;
 }
 
 HostInputs make_inputs(const Problem& p, uint64_t seed, InputKind kind) {
@@ -49,7 +113,7 @@ HostInputs make_inputs(const Problem& p, uint64_t seed, InputKind kind) {
   const float qk_gain = kind == InputKind::kExtreme ? 10.0f : 1.0f;
   auto fill = [&](std::vector<float>& x, long long n, float gain) {
     x.resize(static_cast<size_t>(n));
-    for (float& e : x) e = gain * normal(rng);
+    for (float& e : x) e = round_to(p.dtype, gain * normal(rng));
   };
   HostInputs in;
   fill(in.q, p.q_elems(), qk_gain);

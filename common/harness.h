@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "flash_stage.cuh"
+
 namespace harness {
 
 // Throws std::runtime_error naming the call and CUDA's message. The harness may throw; stages
@@ -30,6 +32,7 @@ struct Problem {
   int head_dim = 64;    // the width of every head; the stages take 32, 64 or 128
   bool causal = false;  // bottom-right aligned causal mask (flash::causal_key_end)
   float scale = 0.0f;   // 0 means the usual 1 / sqrt(head_dim)
+  flash::DType dtype = flash::DType::kFp32;  // element type of q, k, v, o (lse is always fp32)
 
   // The scale to pass to a stage: scale, or 1 / sqrt(head_dim) when scale is 0.
   float softmax_scale() const;
@@ -39,14 +42,19 @@ struct Problem {
   long long kv_elems() const { return static_cast<long long>(batch) * heads_kv * seq_kv * head_dim; }
   // Query rows over every batch and head: the elements of lse.
   long long rows() const { return static_cast<long long>(batch) * heads_q * seq_q; }
-  // The shapes and causal on one line, e.g. "batch=1 heads_q=8 ... causal=0"; scale is left out.
+  // Query-key pairs the mask lets through: seq_q * seq_kv, or fewer when causal (bottom-right:
+  // query i sees min(seq_kv, max(0, i + seq_kv - seq_q + 1)) keys), per batch and head.
+  double visible_pairs() const;
+  // The shapes, causal and dtype on one line, e.g. "batch=1 heads_q=8 ... causal=0 dtype=bf16"; scale is left out.
   std::string describe() const;
 };
 
-// FLOPs by the FlashAttention convention: 4 * B * H * N_q * N_kv * d (two matmuls of 2 FLOPs per
-// multiply-add), halved when causal.
+// FLOPs by the FlashAttention convention: 4 * B * H * d per visible query-key pair (two matmuls of
+// 2 FLOPs per multiply-add). Causal with seq_q = seq_kv = N that is (N^2 + N) / 2 pairs, the "halved"
+// of the convention; with seq_q != seq_kv the bottom-right mask is counted exactly (seq_q = 1 sees
+// every key).
 double forward_flops(const Problem& p);
-// The bytes a forward must move at least: Q, K, V read once, O and lse written once.
+// The bytes a forward must move at least: Q, K, V read once, O and lse written once, in p.dtype.
 double forward_compulsory_bytes(const Problem& p);
 
 // Random inputs. kExtreme multiplies Q and K by 10, so scaled scores have a standard deviation of
@@ -57,8 +65,16 @@ struct HostInputs {
   std::vector<float> q, k, v;  // q [batch, heads_q, seq_q, head_dim]; k, v [batch, heads_kv, seq_kv, head_dim]
   std::vector<float> d_out;    // the gradient of O, for backward checks
 };
-// Standard-normal q, k, v and d_out for p, the same for the same seed; kExtreme scales q and k.
+// Standard-normal q, k, v and d_out for p, the same for the same seed; kExtreme scales q and k. For a
+// half-precision p.dtype every value is rounded to that dtype, so the fp64 reference and an fp32
+// stage see exactly the numbers a half stage reads.
 HostInputs make_inputs(const Problem& p, uint64_t seed, InputKind kind = InputKind::kNormal);
+
+// x rounded to the nearest value of dtype (round to nearest even), as a float; fp32 is unchanged.
+float round_to(flash::DType dtype, float x);
+// Host floats as the bytes of a device tensor of dtype, and back.
+std::vector<unsigned char> encode(const std::vector<float>& x, flash::DType dtype);
+std::vector<float> decode(const std::vector<unsigned char>& bytes, flash::DType dtype);
 
 // A device allocation that frees itself. Moves, never copies.
 template <typename T>
@@ -117,11 +133,28 @@ class DeviceBuffer {
   size_t count_ = 0;
 };
 
-// Inputs on the device.
+// A device tensor of any dtype: raw bytes that know their element type.
+struct DeviceTensor {
+  flash::DType dtype = flash::DType::kFp32;
+  DeviceBuffer<unsigned char> bytes;
+  // count elements of dtype, uninitialized.
+  DeviceTensor(flash::DType t, size_t count) : dtype(t), bytes(count * flash::dtype_size(t)) {}
+  // A device copy of host, converted to dtype (exactly, for values make_inputs rounded to it).
+  DeviceTensor(flash::DType t, const std::vector<float>& host) : dtype(t), bytes(encode(host, t)) {}
+  void* get() const { return bytes.get(); }
+  size_t size() const { return bytes.size() / flash::dtype_size(dtype); }
+  // Every element NaN (all bits set is a NaN in fp32, fp16 and bf16 alike).
+  void poison() { bytes.poison(); }
+  std::vector<float> download() const { return decode(bytes.download(), dtype); }
+};
+
+// Inputs on the device, in one dtype.
 struct DeviceInputs {
-  DeviceBuffer<float> q, k, v, d_out;  // device copies of HostInputs' tensors, same shapes
-  // Uploads every tensor of in, d_out included.
-  explicit DeviceInputs(const HostInputs& in) : q(in.q), k(in.k), v(in.v), d_out(in.d_out) {}
+  DeviceTensor q, k, v, d_out;  // device copies of HostInputs' tensors, same shapes
+  // Uploads every tensor of in, d_out included, as dtype.
+  explicit DeviceInputs(const HostInputs& in, flash::DType dtype = flash::DType::kFp32)
+      : q(dtype, in.q), k(dtype, in.k), v(dtype, in.v), d_out(dtype, in.d_out) {}
+  flash::DType dtype() const { return q.dtype; }
 };
 
 // Error of a result against a reference. Size mismatches throw std::invalid_argument.

@@ -64,19 +64,52 @@ void parallel_for(long long n, Body body) {
 
 }  // namespace
 
-ForwardRows forward_rows(const harness::Problem& p, const harness::HostInputs& in, const std::vector<long long>& rows) {
+namespace {
+
+// The fp64 forward of the picked rows; with rounded = true, the scores, the probabilities and the
+// output are each rounded to p.dtype where PyTorch's composite attention stores them in that dtype.
+ForwardRows forward_rows_impl(const harness::Problem& p, const harness::HostInputs& in,
+                              const std::vector<long long>& rows, bool rounded) {
+  auto round = [&](double x) { return rounded ? static_cast<double>(harness::round_to(p.dtype, static_cast<float>(x))) : x; };
   ForwardRows out;
   out.o.assign(rows.size() * p.head_dim, 0.0);
   out.lse.assign(rows.size(), 0.0);
   parallel_for(static_cast<long long>(rows.size()), [&](long long n) {
     const RowIndex r = index_row(p, rows[n]);
     std::vector<double> prob = row_scores(p, in, r);
+    for (double& s : prob) s = round(s);
     out.lse[n] = softmax_in_place(prob);
+    for (double& x : prob) x = round(x);
     for (int j = 0; j < r.key_end; ++j)
       for (int c = 0; c < p.head_dim; ++c)
         out.o[n * p.head_dim + c] += prob[j] * in.v[r.kv_offset + static_cast<long long>(j) * p.head_dim + c];
+    for (int c = 0; c < p.head_dim; ++c) out.o[n * p.head_dim + c] = round(out.o[n * p.head_dim + c]);
   });
   return out;
+}
+
+}  // namespace
+
+ForwardRows forward_rows(const harness::Problem& p, const harness::HostInputs& in, const std::vector<long long>& rows) {
+  return forward_rows_impl(p, in, rows, false);
+}
+
+ForwardRows forward_rows_in_dtype(const harness::Problem& p, const harness::HostInputs& in,
+                                  const std::vector<long long>& rows) {
+  return forward_rows_impl(p, in, rows, true);
+}
+
+HalfPrecisionCheck check_half_precision(const harness::Problem& p, const harness::HostInputs& in,
+                                        const std::vector<long long>& rows, const std::vector<float>& got_o) {
+  const ForwardRows exact = forward_rows(p, in, rows);
+  const ForwardRows baseline = forward_rows_in_dtype(p, in, rows);
+  std::vector<float> baseline_o(baseline.o.begin(), baseline.o.end());
+  HalfPrecisionCheck c;
+  c.error = harness::compare(got_o, exact.o);
+  c.baseline_max_abs = harness::compare(baseline_o, exact.o).max_abs;
+  c.bound = kHalfErrorFactor * c.baseline_max_abs + kHalfErrorSlack;
+  c.exact = exact;
+  return c;
 }
 
 ForwardRows forward(const harness::Problem& p, const harness::HostInputs& in) {

@@ -18,6 +18,30 @@ struct ForwardRows {
 // o is [rows.size(), head_dim], lse is [rows.size()]. Rows run in parallel on the host's cores.
 ForwardRows forward_rows(const harness::Problem& p, const harness::HostInputs& in, const std::vector<long long>& rows);
 
+// The same rows computed the way PyTorch's composite (math) attention computes them in a half
+// dtype: fp64 arithmetic, but the scores, the probabilities and the output each rounded to p.dtype
+// (fp32 = no rounding), where PyTorch stores them in that dtype between its kernels. Its error
+// against forward_rows is the error of an honest half-precision attention: the baseline of the
+// FlashAttention test rule below.
+ForwardRows forward_rows_in_dtype(const harness::Problem& p, const harness::HostInputs& in,
+                                  const std::vector<long long>& rows);
+
+// FlashAttention's test rule for half precision (tests/test_flash_attn.py in its repository): the
+// output's max error against the exact result may be at most twice that of PyTorch's attention in
+// the same dtype, plus a small absolute term. In C++ the PyTorch side is forward_rows_in_dtype.
+constexpr double kHalfErrorFactor = 2.0;
+constexpr double kHalfErrorSlack = 1e-5;
+struct HalfPrecisionCheck {
+  harness::ErrorStats error;      // the stage's output against the exact fp64 result
+  double baseline_max_abs = 0.0;  // forward_rows_in_dtype's max error against the exact result
+  double bound = 0.0;             // kHalfErrorFactor * baseline_max_abs + kHalfErrorSlack
+  ForwardRows exact;              // the fp64 rows, for the lse check
+  bool passes() const { return error.nonfinite == 0 && error.max_abs <= bound; }
+};
+// The rule applied to got_o, a stage's output at the picked rows ([rows.size(), head_dim]).
+HalfPrecisionCheck check_half_precision(const harness::Problem& p, const harness::HostInputs& in,
+                                        const std::vector<long long>& rows, const std::vector<float>& got_o);
+
 // Every row: o [batch, heads_q, seq_q, head_dim], lse [batch, heads_q, seq_q].
 ForwardRows forward(const harness::Problem& p, const harness::HostInputs& in);
 

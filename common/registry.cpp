@@ -1,6 +1,7 @@
 #include "registry.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "01_naive/naive.h"
 #include "02_safe_softmax/safe_softmax.h"
@@ -9,34 +10,81 @@
 #include "05_warp_shuffle/warp_shuffle.h"
 #include "06_causal/causal.h"
 #include "07_backward/backward.h"
+#include "08_tensor_cores/tensor_cores.h"
+#include "09_swizzle_pipeline/swizzle_pipeline.h"
+#include "10_flash2/flash2.h"
 
 namespace registry {
+namespace {
+
+using flash::DType;
+
+using Fp32Forward = flash::Status (*)(const float*, const float*, const float*, float*, float*, int, int, int, int, int,
+                                      int, float, bool, void*, size_t, cudaStream_t);
+
+// An fp32 stage's forward in the registry's signature: any other dtype is refused before the stage
+// is called, with the status every stage gives for a dtype it lacks.
+template <Fp32Forward kForward>
+flash::Status fp32_forward(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
+                           int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, DType dtype,
+                           void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (dtype != DType::kFp32)
+    return flash::make_status(flash::StatusCode::kDtypeNotSupported, "dtype", static_cast<long long>(dtype));
+  return kForward(static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
+                  static_cast<float*>(o), lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal,
+                  workspace, workspace_bytes, stream);
+}
+
+}  // namespace
 
 const std::vector<Stage>& stages() {
   static const std::vector<Stage> all = {
       {1, "01_naive", "naive", "S = QK^T in memory, softmax as exp(s)/sum exp(s), O = PV: O(N^2) memory, overflows",
-       false, "fp32", {32, 64, 128}, stage01::forward, stage01::forward_workspace_size},
+       false, {DType::kFp32}, {32, 64, 128}, fp32_forward<stage01::forward>, stage01::forward_workspace_size},
       {2, "02_safe_softmax", "safe softmax", "subtract the row max before exp: no overflow, still O(N^2) memory",
-       false, "fp32", {32, 64, 128}, stage02::forward, stage02::forward_workspace_size},
+       false, {DType::kFp32}, {32, 64, 128}, fp32_forward<stage02::forward>, stage02::forward_workspace_size},
       {3, "03_online_softmax", "online softmax",
-       "one fused pass with a running max and sum: O(N) memory, no workspace", false, "fp32", {32, 64, 128},
-       stage03::forward, stage03::forward_workspace_size},
+       "one fused pass with a running max and sum: O(N) memory, no workspace", false, {DType::kFp32},
+       {32, 64, 128}, fp32_forward<stage03::forward>, stage03::forward_workspace_size},
       {4, "04_tiled", "tiled", "K/V tiles in shared memory, shared by a block of query rows (FA2 loop order)", false,
-       "fp32", {32, 64, 128}, stage04::forward, stage04::forward_workspace_size},
+       {DType::kFp32}, {32, 64, 128}, fp32_forward<stage04::forward>, stage04::forward_workspace_size},
       {5, "05_warp_shuffle", "warp shuffle",
-       "warps own rows; scores and O in registers; row max/sum by __shfl_xor_sync butterflies", false, "fp32",
-       {32, 64, 128}, stage05::forward, stage05::forward_workspace_size},
+       "warps own rows; scores and O in registers; row max/sum by __shfl_xor_sync butterflies", false,
+       {DType::kFp32}, {32, 64, 128}, fp32_forward<stage05::forward>, stage05::forward_workspace_size},
       {6, "06_causal", "causal", "causal masking: K/V tiles above the diagonal skipped, only diagonal tiles masked",
-       true, "fp32", {32, 64, 128}, stage06::forward, stage06::forward_workspace_size},
+       true, {DType::kFp32}, {32, 64, 128}, fp32_forward<stage06::forward>, stage06::forward_workspace_size},
       {7, "07_backward", "backward", "dQ, dK, dV by recomputing P from the stored lse: O(N) memory, no atomics", true,
-       "fp32", {32, 64, 128}, stage07::forward, stage07::forward_workspace_size, stage07::backward,
+       {DType::kFp32}, {32, 64, 128}, fp32_forward<stage07::forward>, stage07::forward_workspace_size, stage07::backward,
        stage07::backward_workspace_size},
+      {8, "08_tensor_cores", "tensor cores",
+       "fp16/bf16 on the tensor cores: mma.sync m16n8k16, ldmatrix, S and O in registers, P converted in registers",
+       true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage08::forward, stage08::forward_workspace_size},
+      {9, "09_swizzle_pipeline", "swizzle pipeline",
+       "XOR-swizzled shared memory (no bank conflicts) and a cp.async K/V pipeline one tile ahead", true,
+       {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage09::forward, stage09::forward_workspace_size},
+      {10, "10_flash2", "flash2",
+       "FlashAttention-2 tuning: exp2 with log2(e) folded in, a tile shape per head_dim, longest causal tiles first",
+       true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage10::forward, stage10::forward_workspace_size},
   };
   return all;
 }
 
 bool Stage::supports(const harness::Problem& p) const {
-  return (causal || !p.causal) && std::find(head_dims.begin(), head_dims.end(), p.head_dim) != head_dims.end();
+  return (causal || !p.causal) && has_dtype(p.dtype) &&
+         std::find(head_dims.begin(), head_dims.end(), p.head_dim) != head_dims.end();
+}
+
+bool Stage::has_dtype(flash::DType dtype) const { return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end(); }
+
+std::string Stage::dtype_list() const {
+  std::string list;
+  for (flash::DType d : dtypes) list += (list.empty() ? "" : ",") + std::string(flash::dtype_name(d));
+  return list;
+}
+
+harness::Problem Stage::in_own_dtype(harness::Problem p) const {
+  if (!has_dtype(p.dtype)) p.dtype = dtypes.front();
+  return p;
 }
 
 size_t Stage::workspace_bytes(const harness::Problem& p) const {
@@ -56,18 +104,20 @@ const Stage* find(int number) {
 const Stage* previous(const Stage& stage, const harness::Problem& p) {
   const Stage* prev = nullptr;
   for (const Stage& s : stages())
-    if (s.number < stage.number && s.supports(p)) prev = &s;
+    if (s.number < stage.number && s.supports(s.in_own_dtype(p))) prev = &s;
   return prev;
 }
 
 ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in) {
-  harness::DeviceBuffer<float> o(p.q_elems()), lse(p.rows());
+  if (in.dtype() != p.dtype) throw std::invalid_argument("run_forward: inputs are not in the problem's dtype");
+  harness::DeviceTensor o(p.dtype, static_cast<size_t>(p.q_elems()));
+  harness::DeviceBuffer<float> lse(p.rows());
   harness::DeviceBuffer<unsigned char> workspace(stage.workspace_bytes(p));
   o.poison();
   lse.poison();
   ForwardResult r;
   r.status = stage.forward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch, p.heads_q, p.heads_kv,
-                           p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), p.causal, workspace.get(),
+                           p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), p.causal, p.dtype, workspace.get(),
                            workspace.bytes(), nullptr);
   if (r.status.ok()) r.status = flash::cuda_status(cudaDeviceSynchronize());
   if (!r.status.ok()) return r;
@@ -76,9 +126,15 @@ ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const h
   return r;
 }
 
+ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const harness::HostInputs& in) {
+  const harness::Problem own = stage.in_own_dtype(p);
+  return run_forward(stage, own, harness::DeviceInputs(in, own.dtype));
+}
+
 BackwardResult run_backward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in,
                             float lse_offset) {
   BackwardResult r;
+  if (p.dtype != DType::kFp32) throw std::invalid_argument("run_backward: the backward stages are fp32");
   const ForwardResult fwd = run_forward(stage, p, in);
   r.status = fwd.status;
   if (!r.status.ok()) return r;
@@ -90,7 +146,8 @@ BackwardResult run_backward(const Stage& stage, const harness::Problem& p, const
   dq.poison();
   dk.poison();
   dv.poison();
-  r.status = stage.backward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse_dev.get(), in.d_out.get(), dq.get(),
+  auto fp32 = [](const harness::DeviceTensor& t) { return static_cast<const float*>(t.get()); };
+  r.status = stage.backward(fp32(in.q), fp32(in.k), fp32(in.v), o.get(), lse_dev.get(), fp32(in.d_out), dq.get(),
                             dk.get(), dv.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim,
                             p.softmax_scale(), p.causal, workspace.get(), workspace.bytes(), nullptr);
   if (r.status.ok()) r.status = flash::cuda_status(cudaDeviceSynchronize());

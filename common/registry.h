@@ -12,10 +12,13 @@
 
 namespace registry {
 
-// A stage's forward: the signature every stage header declares (stage01::forward and the rest).
-using ForwardFn = flash::Status (*)(const float* q, const float* k, const float* v, float* o, float* lse, int batch,
+// A stage's forward with its tensors untyped and their dtype named: the signature of the half
+// stages (stage08::forward and on); the fp32 stages' forward(const float*, ...) is wrapped into it
+// by registry.cpp, refusing any dtype but fp32.
+using ForwardFn = flash::Status (*)(const void* q, const void* k, const void* v, void* o, float* lse, int batch,
                                     int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale,
-                                    bool causal, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                                    bool causal, flash::DType dtype, void* workspace, size_t workspace_bytes,
+                                    cudaStream_t stream);
 // The workspace bytes a stage's forward or backward needs for these sizes.
 using WorkspaceFn = size_t (*)(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
 // dQ, dK, dV from dO, given the forward's O and lse (stage 07 on).
@@ -31,15 +34,21 @@ struct Stage {
   const char* name;    // short name for tables and messages, e.g. "online softmax"
   const char* lesson;  // the one idea this stage adds
   bool causal;         // accepts causal = true
-  const char* dtype;   // element type of its tensors, e.g. "fp32"
+  std::vector<flash::DType> dtypes;    // element types of its tensors, the first its default
   std::vector<int> head_dims;          // the head_dim values it accepts
   ForwardFn forward;                   // never null
   WorkspaceFn forward_workspace_size;  // the bytes forward needs; never null
   BackwardFn backward = nullptr;  // null: the stage has no backward
   WorkspaceFn backward_workspace_size = nullptr;  // null exactly when backward is
 
-  // Whether forward accepts p: causal only where the stage has it, and one of its head_dims.
+  // Whether forward accepts p: causal only where the stage has it, one of its head_dims and dtypes.
   bool supports(const harness::Problem& p) const;
+  // Whether p's dtype is one of dtypes.
+  bool has_dtype(flash::DType dtype) const;
+  // The dtypes joined by commas, e.g. "fp16,bf16".
+  std::string dtype_list() const;
+  // p in the dtype this stage runs it in: p.dtype when the stage has it, else the stage's first.
+  harness::Problem in_own_dtype(harness::Problem p) const;
   // forward_workspace_size for p's sizes.
   size_t workspace_bytes(const harness::Problem& p) const;
   // backward_workspace_size for p's sizes; only for a stage with a backward.
@@ -50,7 +59,8 @@ struct Stage {
 const std::vector<Stage>& stages();
 // The stage with that number, or null when there is none.
 const Stage* find(int number);
-// The nearest earlier stage that supports the same problem, or null for the first.
+// The nearest earlier stage that supports the same problem in some dtype (stage 08 in bf16 is
+// compared with stage 07 in fp32 on the same rounded inputs), or null for the first.
 const Stage* previous(const Stage& stage, const harness::Problem& p);
 
 // What run_forward brings back to the host.
@@ -59,9 +69,12 @@ struct ForwardResult {
   std::vector<float> o;    // [batch, heads_q, seq_q, head_dim]
   std::vector<float> lse;  // [batch, heads_q, seq_q]
 };
-// One forward run with p's sizes, scale and causal, into fresh outputs poisoned with NaN,
-// synchronized, copied back. Allocation or copy failures throw (harness::cuda_check).
+// One forward run with p's sizes, scale, causal and dtype (in's dtype must be p's), into fresh
+// outputs poisoned with NaN, synchronized, copied back as floats. Allocation or copy failures
+// throw (harness::cuda_check).
 ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in);
+// The same from host inputs, uploaded in stage.in_own_dtype(p)'s dtype.
+ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const harness::HostInputs& in);
 
 // What run_backward brings back to the host.
 struct BackwardResult {

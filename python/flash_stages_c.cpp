@@ -5,6 +5,7 @@
 #include <cstring>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "registry.h"
 
@@ -26,6 +27,24 @@ static_assert(FLASH_STAGES_NOT_SUPPORTED == static_cast<int>(StatusCode::kNotSup
 static_assert(FLASH_STAGES_WORKSPACE_TOO_SMALL == static_cast<int>(StatusCode::kWorkspaceTooSmall),
               "status codes drifted");
 static_assert(FLASH_STAGES_CUDA_ERROR == static_cast<int>(StatusCode::kCudaError), "status codes drifted");
+static_assert(FLASH_STAGES_DTYPE_NOT_SUPPORTED == static_cast<int>(StatusCode::kDtypeNotSupported),
+              "status codes drifted");
+static_assert(FLASH_STAGES_ARCH_NOT_SUPPORTED == static_cast<int>(StatusCode::kArchNotSupported),
+              "status codes drifted");
+static_assert(FLASH_STAGES_FP32 == static_cast<int>(flash::DType::kFp32) &&
+                  FLASH_STAGES_FP16 == static_cast<int>(flash::DType::kFp16) &&
+                  FLASH_STAGES_BF16 == static_cast<int>(flash::DType::kBf16),
+              "dtype codes drifted");
+
+// Each stage's dtype list, kept for the life of the program: flash_stages_info hands out pointers.
+const char* dtype_list(const registry::Stage& s) {
+  static const std::vector<std::string> lists = [] {
+    std::vector<std::string> all;
+    for (const registry::Stage& stage : registry::stages()) all.push_back(stage.dtype_list());
+    return all;
+  }();
+  return lists[static_cast<size_t>(&s - &registry::stages()[0])].c_str();
+}
 
 // Copies msg into the caller's buffer, truncated and always NUL-terminated.
 void write_message(const std::string& msg, char* out, size_t out_bytes) {
@@ -128,7 +147,7 @@ int flash_stages_abi_version(void) { return FLASH_STAGES_C_ABI_VERSION; }
 
 const char* flash_stages_status_name(int code) {
   if (code == FLASH_STAGES_INTERNAL_ERROR) return "internal error";
-  if (code < 0 || code > FLASH_STAGES_CUDA_ERROR) return "unknown status";
+  if (code < 0 || code > FLASH_STAGES_ARCH_NOT_SUPPORTED) return "unknown status";
   return flash::status_name(static_cast<StatusCode>(code));
 }
 
@@ -151,7 +170,7 @@ int flash_stages_info(int index, int* number, const char** folder, const char** 
     if (folder) *folder = s.folder;
     if (name) *name = s.name;
     if (lesson) *lesson = s.lesson;
-    if (dtype) *dtype = s.dtype;
+    if (dtype) *dtype = dtype_list(s);
     if (causal) *causal = s.causal ? 1 : 0;
     if (has_backward) *has_backward = s.backward ? 1 : 0;
     if (num_head_dims) *num_head_dims = static_cast<int>(s.head_dims.size());
@@ -204,7 +223,7 @@ int flash_stages_backward_workspace_size(int stage, int batch, int heads_q, int 
 
 int flash_stages_forward(int stage, const void* q, const void* k, const void* v, void* o, float* lse, int batch,
                          int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, int causal,
-                         void* workspace, size_t workspace_bytes, int device, void* stream, char* message,
+                         int dtype, void* workspace, size_t workspace_bytes, int device, void* stream, char* message,
                          size_t message_bytes) {
   try {
     int code = 0;
@@ -212,10 +231,11 @@ int flash_stages_forward(int stage, const void* q, const void* k, const void* v,
     if (!s) return code;
     const DeviceGuard guard(device);
     if (!guard.status().ok()) return finish(guard.status(), message, message_bytes);
-    const flash::Status st =
-        s->forward(static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
-                   static_cast<float*>(o), lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal != 0,
-                   workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
+    if (dtype < FLASH_STAGES_FP32 || dtype > FLASH_STAGES_BF16)
+      return finish(flash::make_status(StatusCode::kInvalidArgument, "dtype", dtype), message, message_bytes);
+    const flash::Status st = s->forward(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
+                                        causal != 0, static_cast<flash::DType>(dtype), workspace, workspace_bytes,
+                                        static_cast<cudaStream_t>(stream));
     return finish(st, message, message_bytes);
   } catch (const std::exception& e) {
     return internal_error(e.what(), message, message_bytes);

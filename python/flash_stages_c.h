@@ -11,7 +11,7 @@
  * them by position. A stage's strings are static: they live as long as the library stays loaded.
  *
  * Tensors are contiguous, row-major, on the device:
- *   q, o, dq     [batch, heads_q,  seq_q,  head_dim]   (the stage's dtype, fp32 for now)
+ *   q, o, dq     [batch, heads_q,  seq_q,  head_dim]   (one of the stage's dtypes)
  *   k, v, dk, dv [batch, heads_kv, seq_kv, head_dim]
  *   lse          [batch, heads_q,  seq_q]              (always fp32)
  * `device` is the CUDA device ordinal the tensors live on; the call makes it current for the
@@ -35,7 +35,10 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature below changes; the Python package refuses a library of another. */
-#define FLASH_STAGES_C_ABI_VERSION 1
+#define FLASH_STAGES_C_ABI_VERSION 2
+
+/* Element types: the values of flash::DType. lse is always fp32. */
+enum { FLASH_STAGES_FP32 = 0, FLASH_STAGES_FP16 = 1, FLASH_STAGES_BF16 = 2 };
 
 /* Status codes: the values of flash::StatusCode (common/flash_stage.cuh), checked at compile time. */
 enum {
@@ -49,6 +52,8 @@ enum {
   FLASH_STAGES_NOT_SUPPORTED = 7, /* also: backward on a stage that has none */
   FLASH_STAGES_WORKSPACE_TOO_SMALL = 8,
   FLASH_STAGES_CUDA_ERROR = 9,
+  FLASH_STAGES_DTYPE_NOT_SUPPORTED = 10,
+  FLASH_STAGES_ARCH_NOT_SUPPORTED = 11, /* the GPU is older than the stage needs */
   FLASH_STAGES_INTERNAL_ERROR = -1 /* a C++ exception caught at the boundary (a bug) */
 };
 
@@ -62,7 +67,8 @@ FLASH_STAGES_C_API int flash_stages_count(void);
 
 /* The stage at position `index` (0 <= index < flash_stages_count(), course order). Any output
  * pointer may be null. head_dims receives up to head_dims_capacity entries; *num_head_dims the
- * full count. dtype is the registry's spelling ("fp32"). Returns FLASH_STAGES_INVALID_ARGUMENT for
+ * full count. dtype lists the stage's dtypes in the registry's spelling, comma-separated, the
+ * default first ("fp32", "bf16,fp16"). Returns FLASH_STAGES_INVALID_ARGUMENT for
  * an index out of range. */
 FLASH_STAGES_C_API int flash_stages_info(int index, int* number, const char** folder, const char** name,
                                          const char** lesson, const char** dtype, int* causal, int* has_backward,
@@ -77,10 +83,11 @@ FLASH_STAGES_C_API int flash_stages_backward_workspace_size(int stage, int batch
                                                             int seq_q, int seq_kv, int head_dim, size_t* bytes,
                                                             char* message, size_t message_bytes);
 
-/* O and lse (lse may be null) from Q, K, V. causal: 0 or 1, bottom-right aligned. */
+/* O and lse (lse may be null) from Q, K, V, all four of element type dtype (FLASH_STAGES_FP32, ...).
+ * causal: 0 or 1, bottom-right aligned. */
 FLASH_STAGES_C_API int flash_stages_forward(int stage, const void* q, const void* k, const void* v, void* o,
                                             float* lse, int batch, int heads_q, int heads_kv, int seq_q, int seq_kv,
-                                            int head_dim, float scale, int causal, void* workspace,
+                                            int head_dim, float scale, int causal, int dtype, void* workspace,
                                             size_t workspace_bytes, int device, void* stream, char* message,
                                             size_t message_bytes);
 

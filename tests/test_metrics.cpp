@@ -1,6 +1,7 @@
 // The metrics must not let a broken result through: NaN counts as an error, sizes must agree.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -66,8 +67,44 @@ TEST(Metrics, FlopsFollowTheFlashAttentionConvention) {
   p.seq_q = p.seq_kv = 10;
   p.head_dim = 64;
   EXPECT_DOUBLE_EQ(harness::forward_flops(p), 4.0 * 2 * 3 * 10 * 10 * 64);
+  // Causal counts the pairs the mask lets through: 1 + 2 + ... + 10 = 55 of 100 (the convention's
+  // "halved" is the large-N limit of (N^2 + N) / 2).
   p.causal = true;
-  EXPECT_DOUBLE_EQ(harness::forward_flops(p), 2.0 * 2 * 3 * 10 * 10 * 64);
+  EXPECT_DOUBLE_EQ(harness::forward_flops(p), 4.0 * 2 * 3 * 55 * 64);
+}
+
+// Bottom-right causal with seq_q != seq_kv, counted pair by pair against the closed form.
+TEST(Metrics, CausalFlopsCountVisiblePairsExactly) {
+  for (const auto& [seq_q, seq_kv] : {std::pair{1, 100}, {100, 1}, {7, 30}, {30, 7}, {64, 64}, {5, 2}, {2, 5}}) {
+    harness::Problem p;
+    p.seq_q = seq_q;
+    p.seq_kv = seq_kv;
+    p.causal = true;
+    double pairs = 0;
+    for (int i = 0; i < seq_q; ++i) pairs += std::clamp(flash::causal_key_end(i, seq_q, seq_kv), 0, seq_kv);
+    EXPECT_DOUBLE_EQ(p.visible_pairs(), pairs) << "seq_q=" << seq_q << " seq_kv=" << seq_kv;
+    EXPECT_DOUBLE_EQ(harness::forward_flops(p), 4.0 * pairs * p.head_dim);
+  }
+  harness::Problem one_query;  // a single new token sees the whole cache
+  one_query.seq_q = 1;
+  one_query.seq_kv = 4096;
+  one_query.causal = true;
+  EXPECT_DOUBLE_EQ(one_query.visible_pairs(), 4096.0);
+}
+
+// Half inputs are exactly representable in their dtype, so an fp32 stage sees what a half stage reads.
+TEST(Metrics, HalfInputsAreRoundedToTheirDtype) {
+  for (flash::DType dtype : {flash::DType::kFp16, flash::DType::kBf16}) {
+    harness::Problem p;
+    p.seq_q = p.seq_kv = 16;
+    p.dtype = dtype;
+    const harness::HostInputs in = harness::make_inputs(p, 3);
+    for (float x : in.q) EXPECT_EQ(harness::round_to(dtype, x), x);
+    EXPECT_EQ(harness::decode(harness::encode(in.k, dtype), dtype), in.k);
+  }
+  EXPECT_EQ(harness::round_to(flash::DType::kBf16, 1.0f + 1.0f / 512), 1.0f);  // under half of bf16's 2^-7 ulp at 1
+  EXPECT_EQ(harness::round_to(flash::DType::kFp16, 1.0f + 1.0f / 4096), 1.0f);
+  EXPECT_EQ(harness::round_to(flash::DType::kFp16, 1.0f + 1.0f / 1024), 1.0f + 1.0f / 1024);
 }
 
 TEST(Metrics, InputsAreSeededAndNotZero) {

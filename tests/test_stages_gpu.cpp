@@ -1,5 +1,8 @@
 // Every stage against the fp64 reference and against the stage before it, over a sweep of shapes
-// that includes sequence lengths that are not tile multiples, seq_q != seq_kv, MHA, GQA and MQA.
+// that includes sequence lengths that are not tile multiples, seq_q != seq_kv, MHA, GQA and MQA,
+// in every dtype the stage has. Half-precision stages are held to FlashAttention's own rule
+// (reference::check_half_precision) and compared with the stage before them on the same rounded
+// inputs, across the dtype change from stage 07 (fp32) to stage 08.
 // Outputs are poisoned with NaN before each run, so an element a kernel forgets to write fails.
 // Without a GPU every test here skips with the reason.
 #include <gtest/gtest.h>
@@ -28,6 +31,29 @@ constexpr double kFp32Tolerance = 1e-5;
 // With extreme inputs the scores are in the hundreds and fp32 rounds each one by up to
 // |s| * 2^-24 (about 1e-5 absolute); exp turns that into a relative error of the same size in P.
 constexpr double kExtremeTolerance = 1e-4;
+// lse of a half stage: the scores are exact products of the rounded inputs summed in fp32, so only
+// fp32 accumulation and ex2.approx's relative error (about 2^-22) remain; measured far below this.
+constexpr double kHalfLseTolerance = 1e-4;
+
+// Relative L2 distance allowed between two stages on the same rounded inputs when the coarser one
+// rounds to `dtype`. Each output element is rounded once (at most half an ulp: 2^-9 relative in
+// bf16, 2^-12 in fp16, about a third of that in RMS) and each probability once before the PV
+// product (averaging out over the keys); these bounds are about four times the sum.
+double agreement_tolerance(flash::DType dtype) {
+  switch (dtype) {
+    case flash::DType::kBf16: return 1e-2;
+    case flash::DType::kFp16: return 2e-3;
+    case flash::DType::kFp32: break;
+  }
+  return kFp32Tolerance;
+}
+
+// The coarser of two stages' dtypes: the one whose rounding dominates their difference.
+flash::DType coarser(flash::DType a, flash::DType b) {
+  auto rank = [](flash::DType d) { return d == flash::DType::kBf16 ? 2 : d == flash::DType::kFp16 ? 1 : 0; };
+  return rank(a) >= rank(b) ? a : b;
+}
+
 // Host multiply-adds the fp64 reference may spend per case (rows * seq_kv * head_dim * 2); past this
 // it checks a spread sample of rows and the previous stage covers every element.
 constexpr double kReferenceMacs = 1 << 26;
@@ -47,7 +73,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   std::ostringstream s;
   s << stage_params::label(info.param.stage_number) << "_d" << p.head_dim << "_b"
     << p.batch << "h" << p.heads_q << "kv" << p.heads_kv << "_q" << p.seq_q << "_k" << p.seq_kv
-    << (p.causal ? "_causal" : "");
+    << (p.causal ? "_causal" : "") << (p.dtype != flash::DType::kFp32 ? std::string("_") + flash::dtype_name(p.dtype) : "");
   return s.str();
 }
 
@@ -62,13 +88,14 @@ std::vector<Case> sweep() {
 
   std::vector<Case> cases;
   for (const registry::Stage& stage : registry::stages())
-    for (int head_dim : {32, 64, 128})
-      for (const auto& h : heads)
-        for (const auto& [seq_q, seq_kv] : seqs)
-          for (bool causal : {false, true}) {
-            const harness::Problem p{h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal};
-            if (stage.supports(p)) cases.push_back({stage.number, p});
-          }
+    for (flash::DType dtype : stage.dtypes)
+      for (int head_dim : {32, 64, 128})
+        for (const auto& h : heads)
+          for (const auto& [seq_q, seq_kv] : seqs)
+            for (bool causal : {false, true}) {
+              const harness::Problem p{h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal, 0.0f, dtype};
+              if (stage.supports(p)) cases.push_back({stage.number, p});
+            }
   return cases;
 }
 
@@ -82,29 +109,49 @@ class StageSweep : public ::testing::TestWithParam<Case> {
   void SetUp() override { require_gpu(); }
 };
 
+// O and lse at the picked rows against the fp64 reference: relative L2 for fp32 (or fp32_tolerance),
+// FlashAttention's max-error rule for a half dtype.
+void expect_matches_reference(const harness::Problem& p, const harness::HostInputs& host,
+                              const registry::ForwardResult& got, const std::vector<long long>& rows,
+                              double fp32_tolerance) {
+  const std::vector<float> got_o = harness::gather_rows(got.o, rows, p.head_dim);
+  const std::vector<float> got_lse = harness::gather_rows(got.lse, rows, 1);
+  if (p.dtype == flash::DType::kFp32) {
+    const reference::ForwardRows ref = reference::forward_rows(p, host, rows);
+    const harness::ErrorStats o_err = harness::compare(got_o, ref.o);
+    EXPECT_TRUE(o_err.within(fp32_tolerance)) << "O vs reference: " << o_err.describe();
+    const harness::ErrorStats lse_err = harness::compare(got_lse, ref.lse);
+    EXPECT_TRUE(lse_err.within(kFp32Tolerance)) << "lse vs reference: " << lse_err.describe();
+    return;
+  }
+  const reference::HalfPrecisionCheck check = reference::check_half_precision(p, host, rows, got_o);
+  EXPECT_TRUE(check.passes()) << "O vs reference: " << check.error.describe() << ", allowed max_abs " << check.bound
+                              << " (twice the " << check.baseline_max_abs << " of attention computed in "
+                              << flash::dtype_name(p.dtype) << ", plus " << reference::kHalfErrorSlack << ")";
+  const harness::ErrorStats lse_err = harness::compare(got_lse, check.exact.lse);
+  EXPECT_TRUE(lse_err.within(kHalfLseTolerance)) << "lse vs reference: " << lse_err.describe();
+}
+
 TEST_P(StageSweep, MatchesReferenceAndPreviousStage) {
   const registry::Stage& stage = stage_of(GetParam());
   const harness::Problem& p = GetParam().problem;
   const harness::HostInputs host = harness::make_inputs(p, kSeed);
-  const harness::DeviceInputs dev(host);
 
-  const registry::ForwardResult got = registry::run_forward(stage, p, dev);
+  const registry::ForwardResult got = registry::run_forward(stage, p, host);
   ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
   EXPECT_EQ(harness::count_nonfinite(got.o), 0u) << "unwritten or non-finite output";
 
   const long long max_rows = std::max(64LL, static_cast<long long>(kReferenceMacs / (2.0 * p.seq_kv * p.head_dim)));
-  const std::vector<long long> rows = harness::sample_rows(p.rows(), max_rows);
-  const reference::ForwardRows ref = reference::forward_rows(p, host, rows);
-  const harness::ErrorStats o_err = harness::compare(harness::gather_rows(got.o, rows, p.head_dim), ref.o);
-  EXPECT_TRUE(o_err.within(kFp32Tolerance)) << "O vs reference: " << o_err.describe();
-  const harness::ErrorStats lse_err = harness::compare(harness::gather_rows(got.lse, rows, 1), ref.lse);
-  EXPECT_TRUE(lse_err.within(kFp32Tolerance)) << "lse vs reference: " << lse_err.describe();
+  expect_matches_reference(p, host, got, harness::sample_rows(p.rows(), max_rows), kFp32Tolerance);
 
   if (const registry::Stage* prev = registry::previous(stage, p)) {
-    const registry::ForwardResult before = registry::run_forward(*prev, p, dev);
+    const registry::ForwardResult before = registry::run_forward(*prev, p, host);
     ASSERT_TRUE(before.status.ok()) << flash::to_string(before.status);
     const harness::ErrorStats prev_err = harness::compare(got.o, before.o);
-    EXPECT_TRUE(prev_err.within(kFp32Tolerance)) << "O vs stage " << prev->number << ": " << prev_err.describe();
+    const double tolerance = agreement_tolerance(coarser(p.dtype, prev->in_own_dtype(p).dtype));
+    EXPECT_TRUE(prev_err.within(tolerance)) << "O vs stage " << prev->number << " in "
+                                            << flash::dtype_name(prev->in_own_dtype(p).dtype) << ": "
+                                            << prev_err.describe() << " (allowed " << tolerance << ")";
   }
 }
 
@@ -112,6 +159,25 @@ INSTANTIATE_TEST_SUITE_P(Sweep, StageSweep, ::testing::ValuesIn(sweep()), case_n
 
 // Extreme inputs: scaled scores reach several hundred, past expf's overflow near 88.7.
 harness::Problem extreme_problem() { return {2, 3, 3, 129, 1000, 64, false}; }
+
+// "stage08_bf16" (fp32 stages: "stage05"): a case named by its stage and dtype only.
+std::string stage_dtype_name(const ::testing::TestParamInfo<Case>& info) {
+  const flash::DType dtype = info.param.problem.dtype;
+  return stage_params::label(info.param.stage_number) +
+         (dtype == flash::DType::kFp32 ? "" : std::string("_") + flash::dtype_name(dtype));
+}
+
+// One case per stage and dtype, for the tests that are not a sweep of shapes.
+std::vector<Case> every_dtype(bool (*keep)(const registry::Stage&), harness::Problem p) {
+  std::vector<Case> cases;
+  for (const registry::Stage& s : registry::stages())
+    if (keep(s))
+      for (flash::DType dtype : s.dtypes) {
+        p.dtype = dtype;
+        cases.push_back({s.number, p});
+      }
+  return cases;
+}
 
 // The lesson of stage 01, asserted: exp(s) overflows to inf, inf / inf is NaN.
 TEST(stage01_naive, ExtremeScoresOverflowToNaN) {
@@ -123,40 +189,40 @@ TEST(stage01_naive, ExtremeScoresOverflowToNaN) {
   EXPECT_GT(harness::count_nonfinite(got.o), 0u) << "stage 01 was expected to overflow on extreme scores";
 }
 
-class ExtremeInputs : public ::testing::TestWithParam<registry::Stage> {
- protected:
-  void SetUp() override { require_gpu(); }
-};
+class ExtremeInputs : public StageSweep {};
 
 TEST_P(ExtremeInputs, StayFiniteAndCorrect) {
-  const harness::Problem p = extreme_problem();
+  const harness::Problem& p = GetParam().problem;
   const harness::HostInputs host = harness::make_inputs(p, kSeed, harness::InputKind::kExtreme);
-  const harness::DeviceInputs dev(host);
-  const registry::ForwardResult got = registry::run_forward(GetParam(), p, dev);
+  const registry::ForwardResult got = registry::run_forward(stage_of(GetParam()), p, host);
   ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
-  const reference::ForwardRows ref = reference::forward(p, host);
-  const harness::ErrorStats o_err = harness::compare(got.o, ref.o);
-  EXPECT_TRUE(o_err.within(kExtremeTolerance)) << o_err.describe();
-  const harness::ErrorStats lse_err = harness::compare(got.lse, ref.lse);
-  EXPECT_TRUE(lse_err.within(kFp32Tolerance)) << lse_err.describe();
+  EXPECT_EQ(harness::count_nonfinite(got.o), 0u);
+  expect_matches_reference(p, host, got, harness::sample_rows(p.rows(), p.rows()), kExtremeTolerance);
 }
 
-// Every stage after 01, whose overflow is the point of its own test above.
+// Every stage after 01, whose overflow is the point of its own test above, in each of its dtypes.
 INSTANTIATE_TEST_SUITE_P(Stages, ExtremeInputs,
-                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.number > 1; })),
-                         stage_label);
+                         ::testing::ValuesIn(every_dtype([](const registry::Stage& s) { return s.number > 1; },
+                                                         extreme_problem())),
+                         case_name);
 
-class EveryStage : public ::testing::TestWithParam<registry::Stage> {
+// Parameterized by a stage and one of its dtypes (the problem's other fields are the test's own).
+class EveryStage : public StageSweep {
  protected:
-  void SetUp() override { require_gpu(); }
+  const registry::Stage& stage() const { return stage_of(GetParam()); }
+  // sizes in the case's dtype
+  harness::Problem problem(harness::Problem sizes) const {
+    sizes.dtype = GetParam().problem.dtype;
+    return sizes;
+  }
 };
 
 // The same inputs twice give the same bits: no atomics, no order that depends on scheduling.
 TEST_P(EveryStage, IsDeterministic) {
-  const harness::Problem p{2, 8, 2, 1000, 1024, 64, GetParam().causal};
-  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
-  const registry::ForwardResult first = registry::run_forward(GetParam(), p, dev);
-  const registry::ForwardResult second = registry::run_forward(GetParam(), p, dev);
+  const harness::Problem p = problem({2, 8, 2, 1000, 1024, 64, stage().causal});
+  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed), p.dtype);
+  const registry::ForwardResult first = registry::run_forward(stage(), p, dev);
+  const registry::ForwardResult second = registry::run_forward(stage(), p, dev);
   ASSERT_TRUE(first.status.ok() && second.status.ok());
   EXPECT_EQ(0, std::memcmp(first.o.data(), second.o.data(), first.o.size() * sizeof(float)));
   EXPECT_EQ(0, std::memcmp(first.lse.data(), second.lse.data(), first.lse.size() * sizeof(float)));
@@ -164,71 +230,60 @@ TEST_P(EveryStage, IsDeterministic) {
 
 // One long sequence, one head: 32768 keys per row, 16 times the longest of the sweep.
 TEST_P(EveryStage, LongSequenceMatchesPreviousStage) {
-  const harness::Problem p{1, 1, 1, 32768, 32768, 64, false};
-  const registry::Stage* prev = registry::previous(GetParam(), p);
+  const harness::Problem p = problem({1, 1, 1, 32768, 32768, 64, false});
+  const registry::Stage* prev = registry::previous(stage(), p);
   ASSERT_NE(prev, nullptr);
-  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
-  const registry::ForwardResult got = registry::run_forward(GetParam(), p, dev);
-  const registry::ForwardResult before = registry::run_forward(*prev, p, dev);
+  const harness::HostInputs host = harness::make_inputs(p, kSeed);
+  const registry::ForwardResult got = registry::run_forward(stage(), p, host);
+  const registry::ForwardResult before = registry::run_forward(*prev, p, host);
   ASSERT_TRUE(got.status.ok() && before.status.ok());
+  const flash::DType dtype = coarser(p.dtype, prev->in_own_dtype(p).dtype);
   const harness::ErrorStats err = harness::compare(got.o, before.o);
-  EXPECT_TRUE(err.within(kFp32Tolerance)) << "vs stage " << prev->number << ": " << err.describe();
-  EXPECT_TRUE(harness::compare(got.lse, before.lse).within(kFp32Tolerance));
+  EXPECT_TRUE(err.within(agreement_tolerance(dtype))) << "vs stage " << prev->number << ": " << err.describe();
+  const double lse_tolerance = dtype == flash::DType::kFp32 ? kFp32Tolerance : kHalfLseTolerance;
+  EXPECT_TRUE(harness::compare(got.lse, before.lse).within(lse_tolerance));
 }
-
-INSTANTIATE_TEST_SUITE_P(Stages, EveryStage, ::testing::ValuesIn(stages_where([](const registry::Stage& s) {
-                           return s.number > 1;  // stage 01 has no stage before it
-                         })),
-                         stage_label);
 
 // O(N) memory: at seq 131072 the score matrix alone is 64 GiB. Stages that materialize it refuse to
 // be run there by the runner and the benchmark; the fused ones run and agree with the reference.
-class LongestSequence : public ::testing::TestWithParam<registry::Stage> {
- protected:
-  void SetUp() override { require_gpu(); }
-};
-
-TEST_P(LongestSequence, RunsInLinearMemory) {
-  const harness::Problem p{1, 1, 1, 131072, 131072, 64, false};
-  const size_t workspace = GetParam().workspace_bytes(p);
+TEST_P(EveryStage, LongestSequenceRunsInLinearMemory) {
+  const harness::Problem p = problem({1, 1, 1, 131072, 131072, 64, false});
+  const size_t workspace = stage().workspace_bytes(p);
   if (workspace > 0) {
     EXPECT_EQ(workspace, static_cast<size_t>(p.seq_q) * p.seq_kv * sizeof(float));
     return;
   }
   const harness::HostInputs host = harness::make_inputs(p, kSeed);
-  const harness::DeviceInputs dev(host);
-  const registry::ForwardResult got = registry::run_forward(GetParam(), p, dev);
+  const registry::ForwardResult got = registry::run_forward(stage(), p, host);
   ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
-  const std::vector<long long> rows = harness::sample_rows(p.rows(), 64);
-  const reference::ForwardRows ref = reference::forward_rows(p, host, rows);
-  const harness::ErrorStats err = harness::compare(harness::gather_rows(got.o, rows, p.head_dim), ref.o);
-  EXPECT_TRUE(err.within(kFp32Tolerance)) << err.describe();
+  expect_matches_reference(p, host, got, harness::sample_rows(p.rows(), 64), kFp32Tolerance);
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, LongestSequence, ::testing::ValuesIn(registry::stages()), stage_label);
+INSTANTIATE_TEST_SUITE_P(Stages, EveryStage,
+                         ::testing::ValuesIn(every_dtype([](const registry::Stage& s) {
+                           return s.number > 1;  // stage 01 has no stage before it
+                         }, harness::Problem{})),
+                         stage_dtype_name);
 
 // Causal independence: a row's output depends only on the keys it may see. Replacing K and V at
 // every key from `cut` on must leave each row that stops before `cut` bit for bit unchanged, and
 // must change the rows that see past it. The cut falls where the diagonal meets the middle query
 // row, so both kinds of rows exist.
-class CausalStage : public ::testing::TestWithParam<registry::Stage> {
- protected:
-  void SetUp() override { require_gpu(); }
-};
+class CausalStage : public EveryStage {};
 
 TEST_P(CausalStage, HiddenKeysDoNotAffectOutput) {
   for (const auto& [seq_q, seq_kv] : {std::pair{200, 200}, {100, 300}, {300, 100}, {129, 1000}, {1000, 129}}) {
-    const harness::Problem p{2, 4, 2, seq_q, seq_kv, 64, true};
+    const harness::Problem p = problem({2, 4, 2, seq_q, seq_kv, 64, true});
     const int cut = std::clamp(seq_kv - seq_q + seq_q / 2, 1, seq_kv - 1);
     harness::HostInputs host = harness::make_inputs(p, kSeed);
-    const registry::ForwardResult before = registry::run_forward(GetParam(), p, harness::DeviceInputs(host));
+    const registry::ForwardResult before = registry::run_forward(stage(), p, host);
     const harness::HostInputs other = harness::make_inputs(p, kSeed + 1);
     for (long long e = 0; e < p.kv_elems(); ++e)
       if ((e / p.head_dim) % seq_kv >= cut) {
         host.k[e] = other.k[e];
         host.v[e] = other.v[e];
       }
-    const registry::ForwardResult after = registry::run_forward(GetParam(), p, harness::DeviceInputs(host));
+    const registry::ForwardResult after = registry::run_forward(stage(), p, host);
     ASSERT_TRUE(before.status.ok() && after.status.ok());
 
     long long unchanged_rows = 0, changed_rows = 0;
@@ -251,25 +306,21 @@ TEST_P(CausalStage, HiddenKeysDoNotAffectOutput) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, CausalStage,
-                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.causal; })),
-                         stage_label);
+                         ::testing::ValuesIn(every_dtype([](const registry::Stage& s) { return s.causal; },
+                                                         harness::Problem{})),
+                         stage_dtype_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CausalStage);
 
 // Extreme inputs with the causal mask: rows that see few keys have the sharpest softmax.
-class CausalExtreme : public CausalStage {};
-TEST_P(CausalExtreme, StaysFiniteAndCorrect) {
+harness::Problem causal_extreme_problem() {
   harness::Problem p = extreme_problem();
   p.causal = true;
-  const harness::HostInputs host = harness::make_inputs(p, kSeed, harness::InputKind::kExtreme);
-  const registry::ForwardResult got = registry::run_forward(GetParam(), p, harness::DeviceInputs(host));
-  ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
-  const reference::ForwardRows ref = reference::forward(p, host);
-  EXPECT_TRUE(harness::compare(got.o, ref.o).within(kExtremeTolerance)) << harness::compare(got.o, ref.o).describe();
-  EXPECT_TRUE(harness::compare(got.lse, ref.lse).within(kFp32Tolerance));
+  return p;
 }
-INSTANTIATE_TEST_SUITE_P(Stages, CausalExtreme,
-                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.causal; })),
-                         stage_label);
+INSTANTIATE_TEST_SUITE_P(Causal, ExtremeInputs,
+                         ::testing::ValuesIn(every_dtype([](const registry::Stage& s) { return s.causal; },
+                                                         causal_extreme_problem())),
+                         case_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CausalExtreme);
 
 // ---------------------------------------------------------------------------------------------

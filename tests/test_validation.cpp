@@ -24,14 +24,16 @@ struct Call {
   int batch = 2, heads_q = 4, heads_kv = 2, seq_q = 33, seq_kv = 65, head_dim = 64;
   float scale = 0.125f;
   bool causal = false;
+  flash::DType dtype;
   void* workspace = reinterpret_cast<void*>(std::uintptr_t{0x60000});
   size_t workspace_bytes = 0;
 
   explicit Call(const registry::Stage& s)
-      : workspace_bytes(s.forward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim)) {}
+      : dtype(s.dtypes.front()),
+        workspace_bytes(s.forward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim)) {}
   flash::Status run(const registry::Stage& s) const {
-    return s.forward(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, workspace,
-                     workspace_bytes, nullptr);
+    return s.forward(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype,
+                     workspace, workspace_bytes, nullptr);
   }
 };
 
@@ -126,6 +128,20 @@ TEST_P(StageValidation, MisalignedPointersAreNamed) {
   Call d(stage());
   d.lse += 2;
   expect(d, flash::StatusCode::kMisalignedPointer, "lse");
+}
+
+// Each dtype the stage lacks is refused by name, before any launch: fp16/bf16 for stages 01-07,
+// fp32 for the tensor-core stages.
+TEST_P(StageValidation, DtypeItLacksIsRefused) {
+  int refused = 0;
+  for (flash::DType dtype : {flash::DType::kFp32, flash::DType::kFp16, flash::DType::kBf16}) {
+    if (stage().has_dtype(dtype)) continue;
+    Call c(stage());
+    c.dtype = dtype;
+    expect(c, flash::StatusCode::kDtypeNotSupported, std::string("dtype = ") + flash::dtype_name(dtype));
+    ++refused;
+  }
+  EXPECT_GT(refused, 0) << "every stage lacks at least one dtype";
 }
 
 using StageWithoutCausal = StageValidation;

@@ -158,6 +158,7 @@ def forward(q, k, v, *, stage, causal=False, scale=None):
     msg = _lib.message_buffer()
     code = _lib.lib().flash_stages_forward(st.number, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                            lse.data_ptr(), *dims, scale, int(causal),
+                                           _lib.DTYPE_CODES[str(q.dtype).replace("torch.", "")],
                                            ws.data_ptr() if ws is not None else None, ws_bytes, q.device.index,
                                            stream, msg, len(msg))
     _lib.check_status(code, msg, f"flash_stages.forward ({st})")

@@ -21,7 +21,7 @@ __all__ = [
 ]
 
 # Must equal FLASH_STAGES_C_ABI_VERSION in flash_stages_c.h.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # Status codes of flash_stages_c.h (the values of flash::StatusCode).
 SUCCESS = 0
@@ -34,10 +34,15 @@ MISALIGNED_POINTER = 6
 NOT_SUPPORTED = 7
 WORKSPACE_TOO_SMALL = 8
 CUDA_ERROR = 9
+DTYPE_NOT_SUPPORTED = 10
+ARCH_NOT_SUPPORTED = 11
 INTERNAL_ERROR = -1
 
 # Codes that are not the caller's argument's fault: they raise RuntimeError, the rest ValueError.
-_RUNTIME_CODES = (CUDA_ERROR, INTERNAL_ERROR, WORKSPACE_TOO_SMALL)
+_RUNTIME_CODES = (CUDA_ERROR, INTERNAL_ERROR, WORKSPACE_TOO_SMALL, ARCH_NOT_SUPPORTED)
+
+# flash_stages_forward's dtype argument (flash::DType), by torch's name of the type.
+DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 _MESSAGE_BYTES = 1024
 _MAX_HEAD_DIMS = 64
@@ -135,7 +140,7 @@ def _declare(lib):
     for fn in (lib.flash_stages_forward_workspace_size, lib.flash_stages_backward_workspace_size):
         fn.argtypes = [c_int] + dims + [ctypes.POINTER(c_size_t)] + msg
         fn.restype = c_int
-    lib.flash_stages_forward.argtypes = ([c_int] + [c_void_p] * 5 + dims + [c_float, c_int, c_void_p, c_size_t, c_int,
+    lib.flash_stages_forward.argtypes = ([c_int] + [c_void_p] * 5 + dims + [c_float, c_int, c_int, c_void_p, c_size_t, c_int,
                                                                           c_void_p] + msg)
     lib.flash_stages_forward.restype = c_int
     lib.flash_stages_backward.argtypes = ([c_int] + [c_void_p] * 9 + dims + [c_float, c_int, c_void_p, c_size_t,

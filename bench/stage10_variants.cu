@@ -1,0 +1,102 @@
+// stage10-variants: stage 10's kernel with other tile shapes, timed side by side on the
+// FlashAttention grid (B * N = 16384 tokens, H * d = 2048, bf16). Lesson 10 takes its table of
+// "what each choice buys" from this program's output; flash2.cu's shapes are the winners.
+//
+//   build/bin/stage10-variants [--json]
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flash2_kernel.cuh"
+#include "harness.h"
+
+namespace {
+
+constexpr int kExitNoGpu = 2;
+constexpr uint64_t kSeed = 2024;
+constexpr int kTokens = 16384;
+constexpr int kHeadsTimesDim = 2048;
+constexpr int kWarmup = 3;
+constexpr int kRuns = 20;
+
+using Launch = flash::Status (*)(const void*, const void*, const void*, void*, float*, int, int, int, int, int, float,
+                                 bool, cudaStream_t);
+
+struct Variant {
+  const char* name;  // warps x keys per tile, Q in registers or shared memory, blocks per SM
+  int head_dim;
+  Launch launch;
+};
+
+template <int kHeadDim, int kWarps, int kBlockCols, bool kQInRegisters, int kMinBlocks>
+Variant variant(const char* name) {
+  return {name, kHeadDim,
+          stage10::launch_flash2<__nv_bfloat16, kHeadDim, stage10::TileConfig<kWarps, kBlockCols, kQInRegisters, kMinBlocks>>};
+}
+
+const std::vector<Variant>& variants() {
+  static const std::vector<Variant> all = {
+      variant<64, 4, 64, true, 1>("4w x 64k, Q regs, 1 blk/SM bound"),
+      variant<64, 4, 64, true, 4>("4w x 64k, Q regs, 4 blk/SM bound"),
+      variant<64, 4, 128, true, 2>("4w x 128k, Q regs, 2 blk/SM bound"),
+      variant<64, 8, 64, true, 2>("8w x 64k, Q regs, 2 blk/SM bound"),
+      variant<64, 8, 128, false, 1>("8w x 128k, Q smem, 1 blk/SM bound"),
+      variant<128, 4, 64, true, 1>("4w x 64k, Q regs, 1 blk/SM bound"),
+      variant<128, 4, 32, true, 2>("4w x 32k, Q regs, 2 blk/SM bound"),
+      variant<128, 8, 64, false, 2>("8w x 64k, Q smem, 2 blk/SM bound"),
+      variant<128, 8, 32, false, 2>("8w x 32k, Q smem, 2 blk/SM bound"),
+      variant<128, 8, 64, true, 1>("8w x 64k, Q regs, 1 blk/SM bound"),
+  };
+  return all;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  std::string why;
+  if (!harness::gpu_available(&why)) {
+    std::fprintf(stderr, "stage10-variants: %s\n", why.c_str());
+    return kExitNoGpu;
+  }
+  if (json) std::printf("[\n");
+  bool first = true;
+  for (int head_dim : {64, 128})
+    for (bool causal : {false, true})
+      for (int seq : {1024, 4096, 16384}) {
+        harness::Problem p;
+        p.batch = kTokens / seq;
+        p.heads_q = p.heads_kv = kHeadsTimesDim / head_dim;
+        p.seq_q = p.seq_kv = seq;
+        p.head_dim = head_dim;
+        p.causal = causal;
+        p.dtype = flash::DType::kBf16;
+        const harness::DeviceInputs in(harness::make_inputs(p, kSeed), p.dtype);
+        harness::DeviceTensor o(p.dtype, static_cast<size_t>(p.q_elems()));
+        harness::DeviceBuffer<float> lse(p.rows());
+        for (const Variant& v : variants()) {
+          if (v.head_dim != head_dim) continue;
+          flash::Status status;
+          const harness::Timing t = harness::time_cuda(
+              [&] {
+                status = v.launch(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch, p.heads_q,
+                                  p.heads_kv, p.seq_q, p.seq_kv, p.softmax_scale(), p.causal, nullptr);
+              },
+              kWarmup, kRuns);
+          const double tflops = status.ok() ? harness::forward_flops(p) / (t.median_ms * 1e-3) / 1e12 : 0.0;
+          if (json) {
+            std::printf("%s {\"head_dim\": %d, \"causal\": %s, \"seq\": %d, \"variant\": \"%s\", \"ms\": %.5g, "
+                        "\"tflops\": %.4g, \"status\": \"%s\"}\n",
+                        first ? " " : ",", head_dim, causal ? "true" : "false", seq, v.name, t.median_ms, tflops,
+                        flash::to_string(status).c_str());
+          } else {
+            std::printf("d%-4d causal=%d N=%-6d %-36s %8.3f ms %7.1f TFLOP/s %s\n", head_dim, causal ? 1 : 0, seq,
+                        v.name, t.median_ms, tflops, status.ok() ? "" : flash::to_string(status).c_str());
+          }
+          first = false;
+        }
+      }
+  if (json) std::printf("]\n");
+  return 0;
+}

@@ -1,0 +1,128 @@
+// tensor_core.cuh: the inline-PTX wrappers that stages 08 and later name in their lessons.
+//
+// Each wrapper is one PTX instruction (PTX ISA 8.x, "Warp-level matrix instructions" and "Data
+// movement: cp.async"), so the stages read as the algorithm and this file as the instruction set.
+// The fragment layouts the wrappers assume are drawn in docs/theory/09_tensor_cores.md. All of them
+// need compute capability 8.0 (mma.sync with bf16, ldmatrix, cp.async); a stage that uses them
+// checks the GPU before it launches.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace tensor_core {
+
+// The address of a shared-memory object as the 32-bit offset the shared-state-space PTX
+// instructions take.
+__device__ inline uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ldmatrix.x4: four 8x8 matrices of 16-bit elements from shared memory into registers. Lane l
+// passes the address of row l % 8 of matrix l / 8 (16 contiguous bytes). Afterwards lane l holds,
+// in frag[m], elements (row l / 4, columns 2 * (l % 4) and 2 * (l % 4) + 1) of matrix m, packed
+// low element first: exactly an mma operand register.
+__device__ inline void ldmatrix_x4(uint32_t (&frag)[4], const void* row_address) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
+               : "r"(shared_address(row_address)));
+#endif
+}
+
+// ldmatrix.x4.trans: the same four matrices, each transposed on the way: lane l gets
+// (row 2 * (l % 4) and 2 * (l % 4) + 1, column l / 4). V is stored [key][dim], and the PV product
+// wants it as a column-major B operand: the transpose is free here.
+__device__ inline void ldmatrix_x4_trans(uint32_t (&frag)[4], const void* row_address) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(frag[0]), "=r"(frag[1]), "=r"(frag[2]), "=r"(frag[3])
+               : "r"(shared_address(row_address)));
+#endif
+}
+
+// mma.sync m16n8k16: acc (16x8, fp32) += A (16x16, row-major) * B (16x8, column-major), A and B in
+// Element (__half or __nv_bfloat16). With g = lane / 4 and t = lane % 4, a lane holds
+//   a[0]: A[g][2t..2t+1]    a[1]: A[g+8][2t..2t+1]    a[2]: A[g][2t+8..2t+9]    a[3]: A[g+8][2t+8..2t+9]
+//   b[0]: B[2t..2t+1][g]    b[1]: B[2t+8..2t+9][g]
+//   acc[0..1]: C[g][2t..2t+1]                          acc[2..3]: C[g+8][2t..2t+1]
+template <typename Element>
+__device__ inline void mma_m16n8k16(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ inline void mma_m16n8k16<__half>(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+template <>
+__device__ inline void mma_m16n8k16<__nv_bfloat16>(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                   uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// Two fp32 values rounded to Element and packed into one operand register, lo in the low half:
+// how an fp32 accumulator becomes an A operand without leaving registers.
+template <typename Element>
+__device__ inline uint32_t pack2(float lo, float hi);
+
+template <>
+__device__ inline uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+template <>
+__device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// cp.async.cg: 16 bytes from global to shared memory without passing through registers, and
+// without waiting: the copy completes in the background. With valid = false nothing is read and
+// the 16 bytes are zero-filled (src-size 0), which is how a tile past the end of the sequence is
+// padded.
+__device__ inline void cp_async_16(void* shared_dst, const void* global_src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(shared_dst)),
+               "l"(global_src), "r"(valid ? 16 : 0));
+#endif
+}
+
+// Closes the group of cp.async issued since the last commit; groups complete in order.
+__device__ inline void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+// Waits until at most kPending of this thread's committed groups are still in flight. Other
+// threads' copies become visible only after a barrier that follows the wait.
+template <int kPending>
+__device__ inline void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#endif
+}
+
+// ex2.approx: 2^x on the special-function unit in one instruction (expf is a multiply and this).
+__device__ inline float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+}  // namespace tensor_core

@@ -1,0 +1,291 @@
+// Stage 10's kernel, a template over its tile shape (TileConfig) so that flash2.cu can pick one
+// shape per head_dim and bench/stage10_variants.cu can measure the others the lesson compares.
+//
+// What changes from stage 09, each measured on its own in the lesson:
+// - exp2 with log2(e) folded into the scale. exp(x) is computed by the hardware as 2^(x log2 e):
+//   expf is a multiply by log2 e, an ex2 instruction, and the code around it that keeps the result
+//   accurate to the last bit for every input. Scoring in base 2 from the start,
+//   s2 = s * (scale * log2 e), turns exp(scale * s - max) into ex2.approx(s2 - max2): the multiply
+//   that scaled the score already did the log2 e. lse is brought back to base e once per row.
+// - A tile shape per head_dim: warps per block (rows of Q that share each K/V tile), keys per tile,
+//   whether Q stays in registers, and the blocks per SM the register budget is cut for.
+// - Causal: every head's longest query tile first across the whole grid, not only within a head.
+// - K/V heads are indexed, never copied, for GQA (as in every stage), and the query heads of a group
+//   are neighbours in the grid, so they read the same K/V while it is in L2.
+#pragma once
+
+#include "flash_stage.cuh"
+#include "tensor_core.cuh"
+
+namespace stage10 {
+
+// The tile shape of one kernel instance.
+template <int kWarps_, int kBlockCols_, bool kQInRegisters_, int kMinBlocksPerSm_>
+struct TileConfig {
+  static constexpr int kWarps = kWarps_;          // 16 query rows each: Br = 16 * kWarps
+  static constexpr int kBlockCols = kBlockCols_;  // Bc: keys per K/V tile
+  // true: Q's A operands are loaded once and held (kHeadDim / 4 registers); false: re-read from
+  // shared memory at every k-step, which frees those registers for more blocks per SM.
+  static constexpr bool kQInRegisters = kQInRegisters_;
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;  // __launch_bounds__: caps registers per thread
+};
+
+namespace kernel_detail {
+
+using tensor_core::cp_async_16;
+using tensor_core::cp_async_commit;
+using tensor_core::cp_async_wait;
+using tensor_core::exp2_approx;
+using tensor_core::ldmatrix_x4;
+using tensor_core::ldmatrix_x4_trans;
+using tensor_core::mma_m16n8k16;
+using tensor_core::pack2;
+
+constexpr int kWarpRows = 16;  // query rows per warp: the M of mma.m16n8k16
+constexpr int kMmaK = 16;      // the K of mma.m16n8k16
+constexpr int kMmaN = 8;       // the N of mma.m16n8k16
+constexpr int kVecElems = 8;   // 16-byte vectors of 16-bit elements
+constexpr int kStages = 2;     // K/V buffers: one being computed on, one in flight
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2 e)
+constexpr float kLn2 = 0.6931471805599453f;    // ln(2): turns a base-2 lse back into base e
+
+template <typename Element, int kHeadDim, class Config>
+struct SharedTiles {
+  Element q[Config::kWarps * kWarpRows][kHeadDim];
+  Element k[kStages][Config::kBlockCols][kHeadDim];
+  Element v[kStages][Config::kBlockCols][kHeadDim];
+};
+
+// Stage 09's swizzle: chunk c of row r is stored at chunk c ^ (r % 8) (pairs of rows at head_dim 32).
+template <int kHeadDim>
+__device__ int swizzled(int row, int col) {
+  constexpr int kChunksPerRow = kHeadDim / kVecElems;
+  constexpr int kRowsPerWindow = kChunksPerRow >= 8 ? 1 : 8 / kChunksPerRow;  // rows per 128 bytes
+  constexpr int kPatterns = kChunksPerRow >= 8 ? 8 : kChunksPerRow;
+  const int chunk = (col / kVecElems) ^ ((row / kRowsPerWindow) % kPatterns);
+  return chunk * kVecElems + col % kVecElems;
+}
+
+// Starts copying rows [first, first + kRows) of a [num_rows, kHeadDim] matrix into a shared tile,
+// zeros past num_rows; the caller commits and waits.
+template <int kRows, int kHeadDim, int kThreads, typename Element>
+__device__ void load_tile_async(Element (*tile)[kHeadDim], const Element* src, int first, int num_rows) {
+  constexpr int kVecsPerRow = kHeadDim / kVecElems;
+#pragma unroll
+  for (int e = threadIdx.x; e < kRows * kVecsPerRow; e += kThreads) {
+    const int r = e / kVecsPerRow;
+    const int c = (e % kVecsPerRow) * kVecElems;
+    const bool valid = first + r < num_rows;
+    const Element* from = valid ? src + static_cast<long long>(first + r) * kHeadDim + c : src;
+    cp_async_16(&tile[r][swizzled<kHeadDim>(r, c)], from, valid);
+  }
+}
+
+__device__ inline float max_over_row_lanes(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kFullWarp, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kFullWarp, x, 2));
+}
+
+__device__ inline float sum_over_row_lanes(float x) {
+  x += __shfl_xor_sync(kFullWarp, x, 1);
+  return x + __shfl_xor_sync(kFullWarp, x, 2);
+}
+
+// The A operands of Q for one 16-dim k-step of this warp's rows.
+template <int kHeadDim, typename Element>
+__device__ void load_q_fragment(uint32_t (&frag)[4], Element (*q_tile)[kHeadDim], int warp_row, int ks, int lane) {
+  const int r = warp_row + lane % 16;
+  ldmatrix_x4(frag, &q_tile[r][swizzled<kHeadDim>(r, ks * kMmaK + (lane / 16) * 8)]);
+}
+
+}  // namespace kernel_detail
+
+template <typename Element, int kHeadDim, bool kCausal, class Config>
+__global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
+    flash2_kernel(const Element* q, const Element* k, const Element* v, Element* o, float* lse, int heads_q,
+                  int heads_kv, int seq_q, int seq_kv, float scale_log2, int num_q_tiles, int num_heads_total) {
+  using namespace kernel_detail;
+  using Tiles = SharedTiles<Element, kHeadDim, Config>;
+  constexpr int kThreads = Config::kWarps * 32;
+  constexpr int kBlockRows = Config::kWarps * kWarpRows;
+  constexpr int kBlockCols = Config::kBlockCols;
+  constexpr int kKeyBlocks = kBlockCols / kMmaN;  // S accumulators per lane
+  constexpr int kDimSteps = kHeadDim / kMmaK;     // k-steps of S = Q K^T
+  constexpr int kDimBlocks = kHeadDim / kMmaN;    // O accumulators per lane
+  constexpr int kKeySteps = kBlockCols / kMmaK;   // k-steps of O += P V
+  extern __shared__ uint4 shared_raw[];
+  Tiles& tile = *reinterpret_cast<Tiles*>(shared_raw);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group = lane / 4;            // g: the accumulator rows g and g + 8
+  const int thread_in_group = lane % 4;  // t: the accumulator columns 2t and 2t + 1
+  const int warp_row = warp * kWarpRows;
+
+  // Causal: the grid runs query tile by query tile, the last (longest) tile of every head first,
+  // so the short tiles fill the tail. Not causal: head by head, so the blocks of one head, which
+  // read the same K and V, run together.
+  long long bh;
+  int q_tile;
+  if (kCausal) {
+    bh = blockIdx.x % num_heads_total;
+    q_tile = num_q_tiles - 1 - static_cast<int>(blockIdx.x / num_heads_total);
+  } else {
+    bh = blockIdx.x / num_q_tiles;
+    q_tile = static_cast<int>(blockIdx.x % num_q_tiles);
+  }
+  const int first_row = q_tile * kBlockRows;
+  const int b = static_cast<int>(bh / heads_q);
+  const int h = static_cast<int>(bh % heads_q);
+  const long long kv_head = static_cast<long long>(b) * heads_kv + flash::kv_head_of(h, heads_q, heads_kv);
+  const Element* k_head = k + kv_head * seq_kv * kHeadDim;
+  const Element* v_head = v + kv_head * seq_kv * kHeadDim;
+
+  load_tile_async<kBlockRows, kHeadDim, kThreads>(tile.q, q + bh * seq_q * kHeadDim, first_row, seq_q);
+
+  float acc_o[kDimBlocks][4] = {};
+  // Base-2 statistics: row_max2 = max of s * scale_log2, row_sum = sum of 2^(s2 - row_max2).
+  float row_max2[2] = {-INFINITY, -INFINITY};  // rows g, g + 8
+  float row_sum[2] = {0.0f, 0.0f};             // this lane's share; summed over the 4 lanes at the end
+
+  const int last_row = min(first_row + kBlockRows, seq_q) - 1;
+  const int key_end = kCausal ? min(seq_kv, flash::causal_key_end(last_row, seq_q, seq_kv)) : seq_kv;
+  const int diagonal = seq_kv - seq_q;  // row i sees keys [0, i + diagonal + 1)
+  const int num_tiles = key_end > 0 ? (key_end + kBlockCols - 1) / kBlockCols : 0;
+  if (num_tiles > 0) {
+    load_tile_async<kBlockCols, kHeadDim, kThreads>(tile.k[0], k_head, 0, seq_kv);
+    load_tile_async<kBlockCols, kHeadDim, kThreads>(tile.v[0], v_head, 0, seq_kv);
+  }
+  cp_async_commit();
+  uint32_t q_frag[Config::kQInRegisters ? kDimSteps : 1][4];
+
+  for (int j = 0; j < num_tiles; ++j) {
+    const int first_key = j * kBlockCols;
+    const int buf = j % kStages;
+    if (j + 1 < num_tiles) {
+      load_tile_async<kBlockCols, kHeadDim, kThreads>(tile.k[1 - buf], k_head, first_key + kBlockCols, seq_kv);
+      load_tile_async<kBlockCols, kHeadDim, kThreads>(tile.v[1 - buf], v_head, first_key + kBlockCols, seq_kv);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    if (Config::kQInRegisters && j == 0) {
+#pragma unroll
+      for (int ks = 0; ks < kDimSteps; ++ks) load_q_fragment(q_frag[Config::kQInRegisters ? ks : 0], tile.q, warp_row, ks, lane);
+    }
+
+    float s[kKeyBlocks][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kDimSteps; ++ks) {
+      uint32_t q_step[4];
+      if (!Config::kQInRegisters) load_q_fragment(q_step, tile.q, warp_row, ks, lane);
+      const uint32_t(&a)[4] = Config::kQInRegisters ? q_frag[Config::kQInRegisters ? ks : 0] : q_step;
+#pragma unroll
+      for (int kb = 0; kb < kKeyBlocks; kb += 2) {
+        uint32_t k_frag[4];
+        const int r = kb * kMmaN + (lane / 16) * 8 + lane % 8;
+        ldmatrix_x4(k_frag, &tile.k[buf][r][swizzled<kHeadDim>(r, ks * kMmaK + ((lane / 8) % 2) * 8)]);
+        mma_m16n8k16<Element>(s[kb], a, k_frag[0], k_frag[1]);
+        mma_m16n8k16<Element>(s[kb + 1], a, k_frag[2], k_frag[3]);
+      }
+    }
+
+    const bool needs_mask =
+        first_key + kBlockCols > seq_kv || (kCausal && first_key + kBlockCols > first_row + diagonal + 1);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = first_row + warp_row + group + 8 * half;
+      const int row_key_end = kCausal ? min(seq_kv, row + diagonal + 1) : seq_kv;
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int kb = 0; kb < kKeyBlocks; ++kb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& score = s[kb][2 * half + e];
+          const int key = first_key + kb * kMmaN + 2 * thread_in_group + e;
+          score = needs_mask && key >= row_key_end ? -INFINITY : score * scale_log2;
+          tile_max = fmaxf(tile_max, score);
+        }
+      const float new_max2 = fmaxf(row_max2[half], max_over_row_lanes(tile_max));
+      // -inf only while the row has seen no key; 0 then keeps its masked 2^(-inf) at 0.
+      const float offset2 = new_max2 == -INFINITY ? 0.0f : new_max2;
+      const float rescale_acc = exp2_approx(row_max2[half] - offset2);
+      row_max2[half] = new_max2;
+      float tile_sum = 0.0f;
+#pragma unroll
+      for (int kb = 0; kb < kKeyBlocks; ++kb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& score = s[kb][2 * half + e];
+          score = exp2_approx(score - offset2);
+          tile_sum += score;
+        }
+      row_sum[half] = row_sum[half] * rescale_acc + tile_sum;
+#pragma unroll
+      for (int db = 0; db < kDimBlocks; ++db) {
+        acc_o[db][2 * half] *= rescale_acc;
+        acc_o[db][2 * half + 1] *= rescale_acc;
+      }
+    }
+
+#pragma unroll
+    for (int ks = 0; ks < kKeySteps; ++ks) {
+      const uint32_t p_frag[4] = {pack2<Element>(s[2 * ks][0], s[2 * ks][1]),
+                                  pack2<Element>(s[2 * ks][2], s[2 * ks][3]),
+                                  pack2<Element>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                  pack2<Element>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+      for (int db = 0; db < kDimBlocks; db += 2) {
+        uint32_t v_frag[4];
+        const int r = ks * kMmaK + ((lane / 8) % 2) * 8 + lane % 8;
+        ldmatrix_x4_trans(v_frag, &tile.v[buf][r][swizzled<kHeadDim>(r, db * kMmaN + (lane / 16) * 8)]);
+        mma_m16n8k16<Element>(acc_o[db], p_frag, v_frag[0], v_frag[1]);
+        mma_m16n8k16<Element>(acc_o[db + 1], p_frag, v_frag[2], v_frag[3]);
+      }
+    }
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float sum = sum_over_row_lanes(row_sum[half]);
+    const int row = first_row + warp_row + group + 8 * half;
+    if (row >= seq_q) continue;
+    const float normalizer = sum > 0.0f ? 1.0f / sum : 0.0f;  // an empty row's O is zeros
+    Element* o_row = o + (bh * seq_q + row) * kHeadDim;
+#pragma unroll
+    for (int db = 0; db < kDimBlocks; ++db)
+      *reinterpret_cast<uint32_t*>(o_row + db * kMmaN + 2 * thread_in_group) =
+          pack2<Element>(acc_o[db][2 * half] * normalizer, acc_o[db][2 * half + 1] * normalizer);
+    // lse = ln(sum 2^(s2 - max2) * 2^max2) = (max2 + log2(sum)) * ln 2.
+    if (lse && thread_in_group == 0) lse[bh * seq_q + row] = sum > 0.0f ? (row_max2[half] + log2f(sum)) * kLn2 : -INFINITY;
+  }
+}
+
+// Launches flash2_kernel with Config for one dtype and head_dim: the shared-memory opt-in, the
+// grid, and the launch check.
+template <typename Element, int kHeadDim, class Config>
+flash::Status launch_flash2(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
+                            int heads_kv, int seq_q, int seq_kv, float scale, bool causal, cudaStream_t stream) {
+  const auto kernel = causal ? flash2_kernel<Element, kHeadDim, true, Config>
+                             : flash2_kernel<Element, kHeadDim, false, Config>;
+  constexpr size_t kSharedBytes = sizeof(kernel_detail::SharedTiles<Element, kHeadDim, Config>);
+  const flash::Status status = flash::cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
+  if (!status.ok()) return status;
+  constexpr int kBlockRows = Config::kWarps * kernel_detail::kWarpRows;
+  const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;
+  const int num_heads_total = batch * heads_q;
+  const long long blocks = static_cast<long long>(num_heads_total) * num_q_tiles;
+  kernel<<<static_cast<unsigned>(blocks), Config::kWarps * 32, kSharedBytes, stream>>>(
+      static_cast<const Element*>(q), static_cast<const Element*>(k), static_cast<const Element*>(v),
+      static_cast<Element*>(o), lse, heads_q, heads_kv, seq_q, seq_kv, scale * kernel_detail::kLog2e, num_q_tiles,
+      num_heads_total);
+  return flash::last_launch_status();
+}
+
+}  // namespace stage10
