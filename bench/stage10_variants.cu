@@ -29,24 +29,25 @@ struct Variant {
   Launch launch;
 };
 
-template <int kHeadDim, int kWarps, int kBlockCols, bool kQInRegisters, int kMinBlocks>
+template <int kHeadDim, int kWarps, int kWarpRows, int kBlockCols, bool kQInRegisters, int kMinBlocks>
 Variant variant(const char* name) {
-  return {name, kHeadDim,
-          stage10::launch_flash2<__nv_bfloat16, kHeadDim, stage10::TileConfig<kWarps, kBlockCols, kQInRegisters, kMinBlocks>>};
+  using Config = stage10::TileConfig<kWarps, kWarpRows, kBlockCols, kQInRegisters, kMinBlocks>;
+  return {name, kHeadDim, stage10::launch_flash2<__nv_bfloat16, kHeadDim, Config>};
 }
 
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> all = {
-      variant<64, 4, 64, true, 1>("4w x 64k, Q regs, 1 blk/SM bound"),
-      variant<64, 4, 64, true, 4>("4w x 64k, Q regs, 4 blk/SM bound"),
-      variant<64, 4, 128, true, 2>("4w x 128k, Q regs, 2 blk/SM bound"),
-      variant<64, 8, 64, true, 2>("8w x 64k, Q regs, 2 blk/SM bound"),
-      variant<64, 8, 128, false, 1>("8w x 128k, Q smem, 1 blk/SM bound"),
-      variant<128, 4, 64, true, 1>("4w x 64k, Q regs, 1 blk/SM bound"),
-      variant<128, 4, 32, true, 2>("4w x 32k, Q regs, 2 blk/SM bound"),
-      variant<128, 8, 64, false, 2>("8w x 64k, Q smem, 2 blk/SM bound"),
-      variant<128, 8, 32, false, 2>("8w x 32k, Q smem, 2 blk/SM bound"),
-      variant<128, 8, 64, true, 1>("8w x 64k, Q regs, 1 blk/SM bound"),
+      variant<64, 4, 16, 64, true, 4>("4w x16r x 64k, Q regs, 4 blk/SM"),
+      variant<64, 8, 16, 64, true, 2>("8w x16r x 64k, Q regs, 2 blk/SM"),
+      variant<64, 4, 32, 64, false, 2>("4w x32r x 64k, Q smem, 2 blk/SM"),
+      variant<64, 4, 32, 64, true, 2>("4w x32r x 64k, Q regs, 2 blk/SM"),
+      variant<64, 4, 32, 128, false, 1>("4w x32r x128k, Q smem, 1 blk/SM"),
+      variant<64, 8, 32, 64, false, 1>("8w x32r x 64k, Q smem, 1 blk/SM"),
+      variant<128, 8, 16, 64, false, 2>("8w x16r x 64k, Q smem, 2 blk/SM"),
+      variant<128, 4, 32, 32, false, 2>("4w x32r x 32k, Q smem, 2 blk/SM"),
+      variant<128, 4, 32, 64, false, 1>("4w x32r x 64k, Q smem, 1 blk/SM"),
+      variant<128, 8, 32, 32, false, 1>("8w x32r x 32k, Q smem, 1 blk/SM"),
+      variant<128, 4, 32, 32, false, 1>("4w x32r x 32k, Q smem, 1 blk/SM"),
   };
   return all;
 }

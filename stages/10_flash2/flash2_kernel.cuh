@@ -20,9 +20,13 @@
 namespace stage10 {
 
 // The tile shape of one kernel instance.
-template <int kWarps_, int kBlockCols_, bool kQInRegisters_, int kMinBlocksPerSm_>
+template <int kWarps_, int kWarpRows_, int kBlockCols_, bool kQInRegisters_, int kMinBlocksPerSm_>
 struct TileConfig {
-  static constexpr int kWarps = kWarps_;          // 16 query rows each: Br = 16 * kWarps
+  static constexpr int kWarps = kWarps_;          // Br = kWarps * kWarpRows
+  // Query rows per warp, 16 or 32: with 32, every K and V operand a warp loads from shared memory
+  // feeds two mma instead of one, halving the shared-memory traffic per FLOP, at the price of twice
+  // the accumulator registers.
+  static constexpr int kWarpRows = kWarpRows_;
   static constexpr int kBlockCols = kBlockCols_;  // Bc: keys per K/V tile
   // true: Q's A operands are loaded once and held (kHeadDim / 4 registers); false: re-read from
   // shared memory at every k-step, which frees those registers for more blocks per SM.
@@ -41,7 +45,7 @@ using tensor_core::ldmatrix_x4_trans;
 using tensor_core::mma_m16n8k16;
 using tensor_core::pack2;
 
-constexpr int kWarpRows = 16;  // query rows per warp: the M of mma.m16n8k16
+constexpr int kMmaM = 16;      // the M of mma.m16n8k16
 constexpr int kMmaK = 16;      // the K of mma.m16n8k16
 constexpr int kMmaN = 8;       // the N of mma.m16n8k16
 constexpr int kVecElems = 8;   // 16-byte vectors of 16-bit elements
@@ -52,7 +56,7 @@ constexpr float kLn2 = 0.6931471805599453f;    // ln(2): turns a base-2 lse back
 
 template <typename Element, int kHeadDim, class Config>
 struct SharedTiles {
-  Element q[Config::kWarps * kWarpRows][kHeadDim];
+  Element q[Config::kWarps * Config::kWarpRows][kHeadDim];
   Element k[kStages][Config::kBlockCols][kHeadDim];
   Element v[kStages][Config::kBlockCols][kHeadDim];
 };
@@ -92,10 +96,10 @@ __device__ inline float sum_over_row_lanes(float x) {
   return x + __shfl_xor_sync(kFullWarp, x, 2);
 }
 
-// The A operands of Q for one 16-dim k-step of this warp's rows.
+// The A operands of Q for one 16-dim k-step of the 16 rows from first_row.
 template <int kHeadDim, typename Element>
-__device__ void load_q_fragment(uint32_t (&frag)[4], Element (*q_tile)[kHeadDim], int warp_row, int ks, int lane) {
-  const int r = warp_row + lane % 16;
+__device__ void load_q_fragment(uint32_t (&frag)[4], Element (*q_tile)[kHeadDim], int first_row, int ks, int lane) {
+  const int r = first_row + lane % 16;
   ldmatrix_x4(frag, &q_tile[r][swizzled<kHeadDim>(r, ks * kMmaK + (lane / 16) * 8)]);
 }
 
@@ -108,18 +112,21 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   using namespace kernel_detail;
   using Tiles = SharedTiles<Element, kHeadDim, Config>;
   constexpr int kThreads = Config::kWarps * 32;
+  constexpr int kWarpRows = Config::kWarpRows;
+  constexpr int kMTiles = kWarpRows / kMmaM;       // 16-row A operands per warp
+  constexpr int kHalves = 2 * kMTiles;             // the 8-row halves a lane holds rows of
   constexpr int kBlockRows = Config::kWarps * kWarpRows;
   constexpr int kBlockCols = Config::kBlockCols;
-  constexpr int kKeyBlocks = kBlockCols / kMmaN;  // S accumulators per lane
+  constexpr int kKeyBlocks = kBlockCols / kMmaN;  // S accumulators per lane and m-tile
   constexpr int kDimSteps = kHeadDim / kMmaK;     // k-steps of S = Q K^T
-  constexpr int kDimBlocks = kHeadDim / kMmaN;    // O accumulators per lane
+  constexpr int kDimBlocks = kHeadDim / kMmaN;    // O accumulators per lane and m-tile
   constexpr int kKeySteps = kBlockCols / kMmaK;   // k-steps of O += P V
   extern __shared__ uint4 shared_raw[];
   Tiles& tile = *reinterpret_cast<Tiles*>(shared_raw);
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  const int group = lane / 4;            // g: the accumulator rows g and g + 8
+  const int group = lane / 4;            // g: in each m-tile, the accumulator rows g and g + 8
   const int thread_in_group = lane % 4;  // t: the accumulator columns 2t and 2t + 1
   const int warp_row = warp * kWarpRows;
 
@@ -144,10 +151,16 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
 
   load_tile_async<kBlockRows, kHeadDim, kThreads>(tile.q, q + bh * seq_q * kHeadDim, first_row, seq_q);
 
-  float acc_o[kDimBlocks][4] = {};
-  // Base-2 statistics: row_max2 = max of s * scale_log2, row_sum = sum of 2^(s2 - row_max2).
-  float row_max2[2] = {-INFINITY, -INFINITY};  // rows g, g + 8
-  float row_sum[2] = {0.0f, 0.0f};             // this lane's share; summed over the 4 lanes at the end
+  float acc_o[kMTiles][kDimBlocks][4] = {};
+  // Base-2 statistics per half (row 16 mt + g + 8 (half % 2) of the warp, mt = half / 2):
+  // row_max2 = max of s * scale_log2, row_sum = sum of 2^(s2 - row_max2).
+  float row_max2[kHalves];
+  float row_sum[kHalves];  // this lane's share; summed over the 4 lanes at the end
+#pragma unroll
+  for (int hf = 0; hf < kHalves; ++hf) {
+    row_max2[hf] = -INFINITY;
+    row_sum[hf] = 0.0f;
+  }
 
   const int last_row = min(first_row + kBlockRows, seq_q) - 1;
   const int key_end = kCausal ? min(seq_kv, flash::causal_key_end(last_row, seq_q, seq_kv)) : seq_kv;
@@ -158,7 +171,7 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
     load_tile_async<kBlockCols, kHeadDim, kThreads>(tile.v[0], v_head, 0, seq_kv);
   }
   cp_async_commit();
-  uint32_t q_frag[Config::kQInRegisters ? kDimSteps : 1][4];
+  uint32_t q_frag[Config::kQInRegisters ? kMTiles : 1][Config::kQInRegisters ? kDimSteps : 1][4];
 
   for (int j = 0; j < num_tiles; ++j) {
     const int first_key = j * kBlockCols;
@@ -174,76 +187,98 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
     __syncthreads();
     if (Config::kQInRegisters && j == 0) {
 #pragma unroll
-      for (int ks = 0; ks < kDimSteps; ++ks) load_q_fragment(q_frag[Config::kQInRegisters ? ks : 0], tile.q, warp_row, ks, lane);
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int ks = 0; ks < kDimSteps; ++ks)
+          load_q_fragment(q_frag[Config::kQInRegisters ? mt : 0][Config::kQInRegisters ? ks : 0], tile.q,
+                          warp_row + mt * kMmaM, ks, lane);
     }
 
-    float s[kKeyBlocks][4] = {};
+    // S = Q K^T: each K operand loaded from shared memory feeds all kMTiles m-tiles of the warp.
+    float s[kMTiles][kKeyBlocks][4] = {};
 #pragma unroll
     for (int ks = 0; ks < kDimSteps; ++ks) {
-      uint32_t q_step[4];
-      if (!Config::kQInRegisters) load_q_fragment(q_step, tile.q, warp_row, ks, lane);
-      const uint32_t(&a)[4] = Config::kQInRegisters ? q_frag[Config::kQInRegisters ? ks : 0] : q_step;
+      uint32_t q_step[Config::kQInRegisters ? 1 : kMTiles][4];
+      if (!Config::kQInRegisters) {
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+          load_q_fragment(q_step[Config::kQInRegisters ? 0 : mt], tile.q, warp_row + mt * kMmaM, ks, lane);
+      }
 #pragma unroll
       for (int kb = 0; kb < kKeyBlocks; kb += 2) {
         uint32_t k_frag[4];
         const int r = kb * kMmaN + (lane / 16) * 8 + lane % 8;
         ldmatrix_x4(k_frag, &tile.k[buf][r][swizzled<kHeadDim>(r, ks * kMmaK + ((lane / 8) % 2) * 8)]);
-        mma_m16n8k16<Element>(s[kb], a, k_frag[0], k_frag[1]);
-        mma_m16n8k16<Element>(s[kb + 1], a, k_frag[2], k_frag[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          const uint32_t(&a)[4] = Config::kQInRegisters ? q_frag[Config::kQInRegisters ? mt : 0][Config::kQInRegisters ? ks : 0]
+                                                        : q_step[Config::kQInRegisters ? 0 : mt];
+          mma_m16n8k16<Element>(s[mt][kb], a, k_frag[0], k_frag[1]);
+          mma_m16n8k16<Element>(s[mt][kb + 1], a, k_frag[2], k_frag[3]);
+        }
       }
     }
 
     const bool needs_mask =
         first_key + kBlockCols > seq_kv || (kCausal && first_key + kBlockCols > first_row + diagonal + 1);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = first_row + warp_row + group + 8 * half;
+    for (int hf = 0; hf < kHalves; ++hf) {
+      const int mt = hf / 2, half = hf % 2;
+      const int row = first_row + warp_row + mt * kMmaM + group + 8 * half;
       const int row_key_end = kCausal ? min(seq_kv, row + diagonal + 1) : seq_kv;
       float tile_max = -INFINITY;
 #pragma unroll
       for (int kb = 0; kb < kKeyBlocks; ++kb)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float& score = s[kb][2 * half + e];
+          float& score = s[mt][kb][2 * half + e];
           const int key = first_key + kb * kMmaN + 2 * thread_in_group + e;
           score = needs_mask && key >= row_key_end ? -INFINITY : score * scale_log2;
           tile_max = fmaxf(tile_max, score);
         }
-      const float new_max2 = fmaxf(row_max2[half], max_over_row_lanes(tile_max));
+      const float new_max2 = fmaxf(row_max2[hf], max_over_row_lanes(tile_max));
       // -inf only while the row has seen no key; 0 then keeps its masked 2^(-inf) at 0.
       const float offset2 = new_max2 == -INFINITY ? 0.0f : new_max2;
-      const float rescale_acc = exp2_approx(row_max2[half] - offset2);
-      row_max2[half] = new_max2;
+      const float rescale_acc = exp2_approx(row_max2[hf] - offset2);
+      row_max2[hf] = new_max2;
       float tile_sum = 0.0f;
 #pragma unroll
       for (int kb = 0; kb < kKeyBlocks; ++kb)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float& score = s[kb][2 * half + e];
+          float& score = s[mt][kb][2 * half + e];
           score = exp2_approx(score - offset2);
           tile_sum += score;
         }
-      row_sum[half] = row_sum[half] * rescale_acc + tile_sum;
+      row_sum[hf] = row_sum[hf] * rescale_acc + tile_sum;
 #pragma unroll
       for (int db = 0; db < kDimBlocks; ++db) {
-        acc_o[db][2 * half] *= rescale_acc;
-        acc_o[db][2 * half + 1] *= rescale_acc;
+        acc_o[mt][db][2 * half] *= rescale_acc;
+        acc_o[mt][db][2 * half + 1] *= rescale_acc;
       }
     }
 
+    // O += P V: each V operand loaded from shared memory feeds all kMTiles m-tiles.
 #pragma unroll
     for (int ks = 0; ks < kKeySteps; ++ks) {
-      const uint32_t p_frag[4] = {pack2<Element>(s[2 * ks][0], s[2 * ks][1]),
-                                  pack2<Element>(s[2 * ks][2], s[2 * ks][3]),
-                                  pack2<Element>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                  pack2<Element>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+      uint32_t p_frag[kMTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        p_frag[mt][0] = pack2<Element>(s[mt][2 * ks][0], s[mt][2 * ks][1]);
+        p_frag[mt][1] = pack2<Element>(s[mt][2 * ks][2], s[mt][2 * ks][3]);
+        p_frag[mt][2] = pack2<Element>(s[mt][2 * ks + 1][0], s[mt][2 * ks + 1][1]);
+        p_frag[mt][3] = pack2<Element>(s[mt][2 * ks + 1][2], s[mt][2 * ks + 1][3]);
+      }
 #pragma unroll
       for (int db = 0; db < kDimBlocks; db += 2) {
         uint32_t v_frag[4];
         const int r = ks * kMmaK + ((lane / 8) % 2) * 8 + lane % 8;
         ldmatrix_x4_trans(v_frag, &tile.v[buf][r][swizzled<kHeadDim>(r, db * kMmaN + (lane / 16) * 8)]);
-        mma_m16n8k16<Element>(acc_o[db], p_frag, v_frag[0], v_frag[1]);
-        mma_m16n8k16<Element>(acc_o[db + 1], p_frag, v_frag[2], v_frag[3]);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          mma_m16n8k16<Element>(acc_o[mt][db], p_frag[mt], v_frag[0], v_frag[1]);
+          mma_m16n8k16<Element>(acc_o[mt][db + 1], p_frag[mt], v_frag[2], v_frag[3]);
+        }
       }
     }
     __syncthreads();
@@ -251,18 +286,20 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   cp_async_wait<0>();
 
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const float sum = sum_over_row_lanes(row_sum[half]);
-    const int row = first_row + warp_row + group + 8 * half;
+  for (int hf = 0; hf < kHalves; ++hf) {
+    const int mt = hf / 2, half = hf % 2;
+    const float sum = sum_over_row_lanes(row_sum[hf]);
+    const int row = first_row + warp_row + mt * kMmaM + group + 8 * half;
     if (row >= seq_q) continue;
     const float normalizer = sum > 0.0f ? 1.0f / sum : 0.0f;  // an empty row's O is zeros
     Element* o_row = o + (bh * seq_q + row) * kHeadDim;
 #pragma unroll
     for (int db = 0; db < kDimBlocks; ++db)
       *reinterpret_cast<uint32_t*>(o_row + db * kMmaN + 2 * thread_in_group) =
-          pack2<Element>(acc_o[db][2 * half] * normalizer, acc_o[db][2 * half + 1] * normalizer);
+          pack2<Element>(acc_o[mt][db][2 * half] * normalizer, acc_o[mt][db][2 * half + 1] * normalizer);
     // lse = ln(sum 2^(s2 - max2) * 2^max2) = (max2 + log2(sum)) * ln 2.
-    if (lse && thread_in_group == 0) lse[bh * seq_q + row] = sum > 0.0f ? (row_max2[half] + log2f(sum)) * kLn2 : -INFINITY;
+    if (lse && thread_in_group == 0)
+      lse[bh * seq_q + row] = sum > 0.0f ? (row_max2[hf] + log2f(sum)) * kLn2 : -INFINITY;
   }
 }
 
@@ -277,7 +314,7 @@ flash::Status launch_flash2(const void* q, const void* k, const void* v, void* o
   const flash::Status status = flash::cuda_status(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
   if (!status.ok()) return status;
-  constexpr int kBlockRows = Config::kWarps * kernel_detail::kWarpRows;
+  constexpr int kBlockRows = Config::kWarps * Config::kWarpRows;
   const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;
   const int num_heads_total = batch * heads_q;
   const long long blocks = static_cast<long long>(num_heads_total) * num_q_tiles;
