@@ -11,9 +11,9 @@ constexpr int kMinComputeCapability = 80;  // mma.sync with bf16, ldmatrix, cp.a
 
 // One shape per head_dim (TileConfig<warps, rows per warp, keys per tile, Q in registers, blocks per
 // SM>), the fastest of bench/stage10_variants.cu's on the H100.
-using Config32 = TileConfig<8, 16, 64, true, 2>;
-using Config64 = TileConfig<8, 16, 64, true, 2>;
-using Config128 = TileConfig<8, 16, 64, false, 2>;
+using Config32 = TileConfig<4, 32, 64, true, 2>;
+using Config64 = TileConfig<4, 32, 64, true, 2>;
+using Config128 = TileConfig<4, 32, 64, false, 1>;
 
 template <typename Element>
 flash::Status launch_for_head_dim(const void* q, const void* k, const void* v, void* o, float* lse, int batch,
