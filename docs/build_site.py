@@ -308,7 +308,12 @@ def to_doxygen(text, src, label, ctx, title=None, toc=False):
     return body
 
 
-def fill_tables(text, tables, where):
+def fill_tables(text, tables, where, values=None):
+    """The <!-- table:NAME --> regions filled, and each inline <!-- value:SPEC -->figure<!-- /value -->
+    replaced by its figure alone (the markers are for scripts/make_tables.py, not for the reader)."""
+    if values is not None:
+        text = re.sub(r"<!-- value:([\w./+-]+) -->.*?<!-- /value -->", lambda m: values[m[1]], text, flags=re.S)
+
     def fill(m):
         name = m[1]
         if name not in tables:  # kept as committed: make_tables.py may not know it yet
@@ -449,10 +454,10 @@ def page_title(path):
     return path.stem
 
 
-def lesson_page(root, stage, prev, nxt, ctx, tables):
+def lesson_page(root, stage, prev, nxt, ctx, tables, values=None):
     if stage.readme.exists():
         src = stage.readme
-        text = fill_tables(src.read_text(), tables, src)
+        text = fill_tables(src.read_text(), tables, src, values)
     else:
         src = stage.path / "README.md"  # where it will be; links resolve from the folder all the same
         kernels = ", ".join(f"`{k.relative_to(root).as_posix()}`" for k in stage.kernels) or "none yet"
@@ -486,6 +491,7 @@ def build_pages(root, out):
     ctx = PageContext(root, stages, theory, headers)
     make_tables = load_make_tables(root)
     tables = make_tables.tables()
+    values = make_tables.Values()
     runs = make_tables.load_bench()
 
     # Anchors first: a page may link to a heading of any other.
@@ -501,18 +507,18 @@ def build_pages(root, out):
 
     main_src = root / "docs/mainpage.md"
     titles = {p: page_title(p) for p in theory}
-    text = to_doxygen(fill_tables(main_src.read_text(), tables, main_src), main_src, "index", ctx)
+    text = to_doxygen(fill_tables(main_src.read_text(), tables, main_src, values), main_src, "index", ctx)
     (out / "mainpage.md").write_text(page_lists(course_map(text, stages, runs), stages, theory, titles))
     section_pages(out, stages, theory, titles)
 
     for p in theory:
-        text = fill_tables(p.read_text(), tables, p)
+        text = fill_tables(p.read_text(), tables, p, values)
         (out / "theory" / f"{theory_label(p)}.md").write_text(to_doxygen(text, p, theory_label(p), ctx, toc=True))
 
     for i, s in enumerate(stages):
         prev = stages[i - 1] if i > 0 else None
         nxt = stages[i + 1] if i + 1 < len(stages) else None
-        (out / "lessons" / f"{s.label}.md").write_text(lesson_page(root, s, prev, nxt, ctx, tables))
+        (out / "lessons" / f"{s.label}.md").write_text(lesson_page(root, s, prev, nxt, ctx, tables, values))
         (out / "diffs" / f"{s.label}_diff.html").write_text(diff_html(root, s, prev))
     print(f"site pages: main, {len(theory)} theory, {len(stages)} lessons "
           f"({sum(s.readme.exists() for s in stages)} written) -> {out}")
