@@ -53,7 +53,9 @@ PAGES = ["README.md", "docs/mainpage.md", "docs/theory/*.md", "stages/*/README.m
 FP32_PEAK_TFLOPS = 67.0
 COURSE_SEQ = 4096
 # The two grids of the committed results, named once (issue 14, item 6).
-COURSE_GRID = ""
+COURSE_GRID = ("Course grid: B·N = 16384 tokens and 16 heads at every head_dim (`bench/bench_stages.cpp`); at "
+               "head_dim 128 it is the FlashAttention benchmark grid (H·d = 2048), at head_dim 64 that grid has "
+               "32 heads (the PyTorch comparison, `bench/compare.py`).")
 NAME = re.compile(r"stage(\d\d)_(\w+)/d(\d+)/causal(\d)/(backward/)?seq:(\d+)")
 
 
@@ -91,7 +93,7 @@ def course_table(runs):
     lines.append("")
     lines.append(f"Batch {16384 // COURSE_SEQ}, 16 heads, seq {COURSE_SEQ}, fp32, on the H100 of the course; TFLOP/s "
                  f"by the FlashAttention convention (4·B·H·N²·d, halved when causal); fp32 peak "
-                 f"{FP32_PEAK_TFLOPS:.0f} TFLOP/s. From `bench/results/h100_bench.json`.")
+                 f"{FP32_PEAK_TFLOPS:.0f} TFLOP/s. {COURSE_GRID} From `bench/results/h100_bench.json`.")
     return "\n".join(lines)
 
 
@@ -107,7 +109,7 @@ def stage_table(runs, stage, what="TFLOP/s"):
             cells.append(f"{r['tflops']:.2f}" if r else "–")
         lines.append(f"| {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"{what}; batch·N = 16384 tokens, 16 heads. From `bench/results/h100_bench.json`.")
+    lines.append(f"{what}; course grid (batch·N = 16384 tokens, 16 heads). From `bench/results/h100_bench.json`.")
     return "\n".join(lines)
 
 
