@@ -266,6 +266,7 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       compare-ratio/IMPL/STAGE/DIR/dD/cC/N   IMPL's TFLOP/s over the stage's
       ncu/dD/SS/METRIC                  a metric of h100_ncu_dD.csv (a key of NCU_ROWS, as the table shows it)
       ncu-ratio/dD/SS/METRIC/TT         that metric of stage SS over stage TT
+      ncu-per/dD/SS/METRIC_A/METRIC_B   METRIC_A of stage SS over its METRIC_B
       anchor/NAME                       a ceiling of pytorch_anchors_h100.md (bf16-matmul, fp32-matmul,
                                         copy, peak-bf16, peak-fp32, peak-tf32, hbm)
       anchor/DTYPE/IMPL/DIR/dD/cC/N     a cell of its table, e.g. anchor/float32/naive-torch/forward/d64/c0/4096
@@ -293,9 +294,15 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
             return f"{compare[(impl, direction, d, c, n)]:.1f}"
         impl, stage, direction, d, c, n = parts[1], parts[2], parts[3], int(parts[4][1:]), parts[5] == "c1", int(parts[6])
         return f"{compare[(impl, direction, d, c, n)] / compare[(stage, direction, d, c, n)]:.2f}"
+    if kind == "ncu-per":  # ncu-per/dD/SS/METRIC_A/METRIC_B: one metric of a stage over another
+        d, stage, a, b = int(parts[1][1:]), int(parts[2]), parts[3], parts[4]
+        metrics = load_ncu(d)[stage]
+        return f"{metrics[a] / metrics[b]:.1f}"
     if kind in ("ncu", "ncu-ratio"):
         d, stage, metric = int(parts[1][1:]), int(parts[2]), parts[3]
         metrics = load_ncu(d)
+        if metric not in NCU_ROWS:
+            raise KeyError(metric)
         label, divisor, decimals = NCU_ROWS[metric]
         if kind == "ncu":
             return f"{metrics[stage][metric] / divisor:,.{decimals}f}"
