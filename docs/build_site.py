@@ -193,8 +193,14 @@ class PageContext:
 LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]+)\]\((?P<url>[^)\s]+)\)")
 
 
+# Bold text that holds a formula: Doxygen's Markdown gives up on **...** once a \f$ command is inside
+# and prints the asterisks, so such spans become HTML bold, which it renders with the formula.
+BOLD_MATH = re.compile(r"\*\*(?=[^*\n]*\$)([^*\n]+?)\*\*")
+
+
 def convert_prose(chunk, src, ctx):
     """Math, links and Doxygen-special characters of a prose chunk (outside fenced code)."""
+    chunk = BOLD_MATH.sub(r"<b>\1</b>", chunk)
     out, pos = [], 0
     for m in INLINE.finditer(chunk):
         out.append(convert_plain(chunk[pos:m.start()], src, ctx))
