@@ -7,7 +7,7 @@
 # 3. builds the docs target with every Doxygen warning an error (FLASH_DOCS_WERROR=ON), in the
 #    project's build dir when it is configured (default: build), else in build-docs from docs/ alone;
 # 4. checks the site in headless Chromium from a local server (docs/check_site.py);
-# 5. executes notebooks 1-3 (notebook 4 needs a GPU) and fails on any error.
+# 5. executes notebooks 1-3 and 5 (notebook 4 needs a GPU) and fails on any error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -51,7 +51,7 @@ echo "docs: browser check passed ($((SECONDS - start)) s)"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 export PYDEVD_DISABLE_FILE_VALIDATION=1  # quiets the kernel's debugger notice
-for nb in notebooks/01_*.ipynb notebooks/02_*.ipynb notebooks/03_*.ipynb; do
+for nb in notebooks/01_*.ipynb notebooks/02_*.ipynb notebooks/03_*.ipynb notebooks/05_*.ipynb; do
   if ! $PY -m jupyter nbconvert --execute --to notebook --output-dir "$out" \
        --ExecutePreprocessor.timeout=300 "$nb" >"$out/log" 2>&1; then
     cat "$out/log"
