@@ -32,6 +32,7 @@ PY=/usr/bin/python3
 
 # Every generated table and inline figure of the Markdown pages matches bench/results/ (issue 14).
 $PY scripts/make_tables.py --check
+$PY scripts/make_diagrams.py --check   # the SVG diagrams match the kernels' constants
 
 build=${1:-build}
 if [ -f "$build/CMakeCache.txt" ]; then

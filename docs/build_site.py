@@ -198,9 +198,24 @@ LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]+)\]\((?P<url>[^)\s]+)\)")
 BOLD_MATH = re.compile(r"\*\*(?=[^*\n]*\$)([^*\n]+?)\*\*")
 
 
+# A picture on a line of its own, ![caption](path/to/docs/diagrams/NAME.svg): Doxygen copies it into
+# the site from IMAGE_PATH (docs/diagrams, see Doxyfile.in) when it is written as an \\image command.
+DIAGRAM = re.compile(r"^!\[(?P<alt>[^\]]*)\]\((?P<path>[^)\s]*diagrams/(?P<name>[\w.-]+\.svg))\)[ \t]*$", re.M)
+
+
 def convert_prose(chunk, src, ctx):
     """Math, links and Doxygen-special characters of a prose chunk (outside fenced code)."""
     chunk = BOLD_MATH.sub(r"<b>\1</b>", chunk)
+    images = []
+
+    def image(m):
+        images.append(f'\\image html {m["name"]} "{m["alt"].replace(chr(34), chr(39))}"')
+        return f"DIAGRAMPLACEHOLDER{len(images) - 1}X"
+
+    chunk = DIAGRAM.sub(image, chunk)
+    if images:
+        converted = convert_prose(chunk, src, ctx)
+        return re.sub(r"DIAGRAMPLACEHOLDER(\d+)X", lambda m: images[int(m[1])], converted)
     out, pos = [], 0
     for m in INLINE.finditer(chunk):
         out.append(convert_plain(chunk[pos:m.start()], src, ctx))
