@@ -3,10 +3,11 @@
 # own: bash .ci/docs_and_notebooks.sh [build-dir]
 #
 # 1. installs what it needs from Debian (Doxygen, MathJax, Chromium, NumPy, Matplotlib, Jupyter);
-# 2. builds the docs target with every Doxygen warning an error (FLASH_DOCS_WERROR=ON), in the
+# 2. checks that every generated figure in the Markdown matches bench/results/ (make_tables.py --check);
+# 3. builds the docs target with every Doxygen warning an error (FLASH_DOCS_WERROR=ON), in the
 #    project's build dir when it is configured (default: build), else in build-docs from docs/ alone;
-# 3. checks the site in headless Chromium from a local server (docs/check_site.py);
-# 4. executes notebooks 1-3 (notebook 4 needs a GPU) and fails on any error.
+# 4. checks the site in headless Chromium from a local server (docs/check_site.py);
+# 5. executes notebooks 1-3 and 5 (notebook 4 needs a GPU) and fails on any error.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS
@@ -29,6 +30,10 @@ echo "docs: packages ready ($((SECONDS - start)) s)"
 # Debian's Python: the one with python3-numpy, python3-matplotlib and the Jupyter kernel.
 PY=/usr/bin/python3
 
+# Every generated table and inline figure of the Markdown pages matches bench/results/ (issue 14).
+$PY scripts/make_tables.py --check
+$PY scripts/make_diagrams.py --check   # the SVG diagrams match the kernels' constants
+
 build=${1:-build}
 if [ -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -DFLASH_DOCS_WERROR=ON >/dev/null
@@ -47,7 +52,7 @@ echo "docs: browser check passed ($((SECONDS - start)) s)"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 export PYDEVD_DISABLE_FILE_VALIDATION=1  # quiets the kernel's debugger notice
-for nb in notebooks/01_*.ipynb notebooks/02_*.ipynb notebooks/03_*.ipynb; do
+for nb in notebooks/01_*.ipynb notebooks/02_*.ipynb notebooks/03_*.ipynb notebooks/05_*.ipynb; do
   if ! $PY -m jupyter nbconvert --execute --to notebook --output-dir "$out" \
        --ExecutePreprocessor.timeout=300 "$nb" >"$out/log" 2>&1; then
     cat "$out/log"

@@ -193,8 +193,29 @@ class PageContext:
 LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]+)\]\((?P<url>[^)\s]+)\)")
 
 
+# Bold text that holds a formula: Doxygen's Markdown gives up on **...** once a \f$ command is inside
+# and prints the asterisks, so such spans become HTML bold, which it renders with the formula.
+BOLD_MATH = re.compile(r"\*\*(?=[^*\n]*\$)([^*\n]+?)\*\*")
+
+
+# A picture on a line of its own, ![caption](path/to/docs/diagrams/NAME.svg): Doxygen copies it into
+# the site from IMAGE_PATH (docs/diagrams, see Doxyfile.in) when it is written as an \\image command.
+DIAGRAM = re.compile(r"^!\[(?P<alt>[^\]]*)\]\((?P<path>[^)\s]*diagrams/(?P<name>[\w.-]+\.svg))\)[ \t]*$", re.M)
+
+
 def convert_prose(chunk, src, ctx):
     """Math, links and Doxygen-special characters of a prose chunk (outside fenced code)."""
+    chunk = BOLD_MATH.sub(r"<b>\1</b>", chunk)
+    images = []
+
+    def image(m):
+        images.append(f'\\image html {m["name"]} "{m["alt"].replace(chr(34), chr(39))}"')
+        return f"DIAGRAMPLACEHOLDER{len(images) - 1}X"
+
+    chunk = DIAGRAM.sub(image, chunk)
+    if images:
+        converted = convert_prose(chunk, src, ctx)
+        return re.sub(r"DIAGRAMPLACEHOLDER(\d+)X", lambda m: images[int(m[1])], converted)
     out, pos = [], 0
     for m in INLINE.finditer(chunk):
         out.append(convert_plain(chunk[pos:m.start()], src, ctx))
@@ -308,7 +329,12 @@ def to_doxygen(text, src, label, ctx, title=None, toc=False):
     return body
 
 
-def fill_tables(text, tables, where):
+def fill_tables(text, tables, where, values=None):
+    """The <!-- table:NAME --> regions filled, and each inline <!-- value:SPEC -->figure<!-- /value -->
+    replaced by its figure alone (the markers are for scripts/make_tables.py, not for the reader)."""
+    if values is not None:
+        text = re.sub(r"<!-- value:([\w./+-]+) -->.*?<!-- /value -->", lambda m: values[m[1]], text, flags=re.S)
+
     def fill(m):
         name = m[1]
         if name not in tables:  # kept as committed: make_tables.py may not know it yet
@@ -449,10 +475,10 @@ def page_title(path):
     return path.stem
 
 
-def lesson_page(root, stage, prev, nxt, ctx, tables):
+def lesson_page(root, stage, prev, nxt, ctx, tables, values=None):
     if stage.readme.exists():
         src = stage.readme
-        text = fill_tables(src.read_text(), tables, src)
+        text = fill_tables(src.read_text(), tables, src, values)
     else:
         src = stage.path / "README.md"  # where it will be; links resolve from the folder all the same
         kernels = ", ".join(f"`{k.relative_to(root).as_posix()}`" for k in stage.kernels) or "none yet"
@@ -486,6 +512,7 @@ def build_pages(root, out):
     ctx = PageContext(root, stages, theory, headers)
     make_tables = load_make_tables(root)
     tables = make_tables.tables()
+    values = make_tables.Values()
     runs = make_tables.load_bench()
 
     # Anchors first: a page may link to a heading of any other.
@@ -501,18 +528,18 @@ def build_pages(root, out):
 
     main_src = root / "docs/mainpage.md"
     titles = {p: page_title(p) for p in theory}
-    text = to_doxygen(fill_tables(main_src.read_text(), tables, main_src), main_src, "index", ctx)
+    text = to_doxygen(fill_tables(main_src.read_text(), tables, main_src, values), main_src, "index", ctx)
     (out / "mainpage.md").write_text(page_lists(course_map(text, stages, runs), stages, theory, titles))
     section_pages(out, stages, theory, titles)
 
     for p in theory:
-        text = fill_tables(p.read_text(), tables, p)
+        text = fill_tables(p.read_text(), tables, p, values)
         (out / "theory" / f"{theory_label(p)}.md").write_text(to_doxygen(text, p, theory_label(p), ctx, toc=True))
 
     for i, s in enumerate(stages):
         prev = stages[i - 1] if i > 0 else None
         nxt = stages[i + 1] if i + 1 < len(stages) else None
-        (out / "lessons" / f"{s.label}.md").write_text(lesson_page(root, s, prev, nxt, ctx, tables))
+        (out / "lessons" / f"{s.label}.md").write_text(lesson_page(root, s, prev, nxt, ctx, tables, values))
         (out / "diffs" / f"{s.label}_diff.html").write_text(diff_html(root, s, prev))
     print(f"site pages: main, {len(theory)} theory, {len(stages)} lessons "
           f"({sum(s.readme.exists() for s in stages)} written) -> {out}")

@@ -8,9 +8,10 @@
 2. Lessons: each stage folder stages/NN_* has its page lesson_NN.html with a generated diff.
 3. Browser: the site is served from a local HTTP server on 127.0.0.1 and headless Chromium loads the
    main page, the theory pages and the lessons (or the --page list). In the DOM it leaves, MathJax
-   must have rendered every formula the page has, with no MathJax error (the main and theory pages
-   must have formulas), and the visible text must hold no raw TeX delimiter: \\( \\) \\[ \\] $$
-   or Doxygen's \\f$ \\f[.
+   must have rendered every formula the page has, with no MathJax error (the main page, the theory
+   pages and every lesson must have formulas: a lesson with none has its math written as plain text),
+   and the visible text must hold no raw TeX delimiter: \\( \\) \\[ \\] $$ or Doxygen's \\f$ \\f[,
+   and no literal ** (Markdown bold that Doxygen failed to render).
 Exits 1 with one line per problem, 0 when all is well.
 """
 import argparse
@@ -28,6 +29,7 @@ import time
 import urllib.parse
 
 RAW_TEX = re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$|\\f\$|\\f\[|\\f\]")
+RAW_BOLD = re.compile(r"\*\*")
 SKIP_TEXT = {"script", "style", "code", "pre", "textarea"}
 
 
@@ -171,6 +173,7 @@ def check_in_browser(site, names, must_have_math, chromium):
                     problems.append(f"{name}: {e}")
                     continue
                 raw = sorted(set(RAW_TEX.findall("".join(dom.text))))
+                bold = len(RAW_BOLD.findall("".join(dom.text)))
                 print(f"  {name}: {expected} formulas, {dom.rendered} rendered by MathJax, "
                       f"{dom.errors} errors, {len(raw)} raw delimiters ({time.time() - start:.1f} s)")
                 if expected == 0 and name in must_have_math:
@@ -182,6 +185,8 @@ def check_in_browser(site, names, must_have_math, chromium):
                                     f"{'; '.join(dom.error_messages) or 'see the page'}")
                 if raw:
                     problems.append(f"{name}: raw TeX left in the text: {' '.join(raw)}")
+                if bold:
+                    problems.append(f"{name}: {bold} literal '**' in the text (bold Markdown left unrendered)")
     finally:
         server.shutdown()
         server.server_close()
@@ -201,8 +206,9 @@ def main():
     theory = sorted(p.name for p in site.glob("theory_*.html"))
     if not theory:
         raise SystemExit("check_site: the site has no theory page")
-    must_have_math = {"index.html", *theory}  # pages that show formulas; lessons may have none
-    names = args.page or ["index.html"] + theory + sorted(p.name for p in site.glob("lesson_*.html"))
+    lessons = sorted(p.name for p in site.glob("lesson_*.html"))
+    must_have_math = {"index.html", *theory, *lessons}  # every page of the course shows formulas
+    names = args.page or ["index.html"] + theory + lessons
 
     problems, n_files, n_links, n_broken = check_links(site)
     print(f"links: {n_links} local links in {n_files} HTML files, {n_broken} broken")

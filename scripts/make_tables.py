@@ -17,7 +17,20 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   ncu-dNN     Nsight Compute metrics of the fused kernels (stages 03-06) at head_dim NN, one row per
               metric, one column per stage, from bench/results/h100_ncu_dNN.csv
               (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time
-Without --update it prints every table.
+
+Single figures in running text are generated the same way, inline:
+
+    <!-- value:SPEC -->31.69<!-- /value -->
+
+where SPEC names one measured figure (see `value()` below for the forms), e.g.
+`bench/05/d64/c0/4096/tflops`, `speedup/04/05/d64`, `compare/naive-torch/backward/d64/c0/4096`,
+`anchor/fp32-matmul`. The figure between the markers is rewritten by --update like a table.
+
+    python3 scripts/make_tables.py --check [FILES]
+
+changes nothing and exits 1 if any table or inline figure in FILES (default: every Markdown page of
+the course) differs from what bench/results/ gives; ctest runs it (label cpu) and so does CI.
+Without --update or --check it prints every table.
 """
 import argparse
 import csv
@@ -31,9 +44,18 @@ RUNNER = ROOT / "bench/results/h100_runner.txt"
 COMPARE = ROOT / "bench/results/compare_h100.md"
 NCU_BACKWARD = ROOT / "bench/results/h100_ncu_backward.csv"
 NCU = ROOT / "bench/results/h100_ncu_d{}.csv"
-# H100 SXM datasheet FP32 (FFMA) peak, as listed in ../shared/perf-anchors.md.
+COMPARE_JSON = ROOT / "bench/results/compare_h100.json"
+ANCHORS = ROOT / "bench/results/pytorch_anchors_h100.md"
+# The Markdown pages whose generated regions --check covers when it is given no files.
+PAGES = ["README.md", "docs/mainpage.md", "docs/theory/*.md", "stages/*/README.md"]
+# H100 SXM datasheet FP32 (FFMA) peak, as quoted in bench/results/pytorch_anchors_h100.md (checked
+# against that file by value("anchor/peak-fp32") whenever the tables are made).
 FP32_PEAK_TFLOPS = 67.0
 COURSE_SEQ = 4096
+# The two grids of the committed results, named once (issue 14, item 6).
+COURSE_GRID = ("Course grid: B·N = 16384 tokens and 16 heads at every head_dim (`bench/bench_stages.cpp`); at "
+               "head_dim 128 it is the FlashAttention benchmark grid (H·d = 2048), at head_dim 64 that grid has "
+               "32 heads (the PyTorch comparison, `bench/compare.py`).")
 NAME = re.compile(r"stage(\d\d)_(\w+)/d(\d+)/causal(\d)/(backward/)?seq:(\d+)")
 
 
@@ -62,13 +84,16 @@ def course_table(runs):
                 speedup = f"{r['tflops'] / prev:.2f}x" if prev else "–"
                 if causal and (stage, d, False, COURSE_SEQ) in runs:
                     speedup = f"time {r['ms'] / runs[(stage, d, False, COURSE_SEQ)]['ms']:.2f}x of non-causal"
-                lines.append(f"| {stage:02d} {r['name']} | {d} | {'yes' if causal else 'no'} | {r['ms']:.2f} | "
+                label = f"{stage:02d} {r['name']}"
+                if r["name"] == "backward":  # stage 07's forward is stage 06's kernel, copied (issue 14, item 11)
+                    label = f"{stage:02d} (forward = {stage - 1:02d})"
+                lines.append(f"| {label} | {d} | {'yes' if causal else 'no'} | {r['ms']:.2f} | "
                              f"{r['tflops']:.2f} | {100 * r['tflops'] / FP32_PEAK_TFLOPS:.0f}% | {speedup} |")
                 prev = r["tflops"]
     lines.append("")
     lines.append(f"Batch {16384 // COURSE_SEQ}, 16 heads, seq {COURSE_SEQ}, fp32, on the H100 of the course; TFLOP/s "
                  f"by the FlashAttention convention (4·B·H·N²·d, halved when causal); fp32 peak "
-                 f"{FP32_PEAK_TFLOPS:.0f} TFLOP/s. From `bench/results/h100_bench.json`.")
+                 f"{FP32_PEAK_TFLOPS:.0f} TFLOP/s. {COURSE_GRID} From `bench/results/h100_bench.json`.")
     return "\n".join(lines)
 
 
@@ -84,7 +109,7 @@ def stage_table(runs, stage, what="TFLOP/s"):
             cells.append(f"{r['tflops']:.2f}" if r else "–")
         lines.append(f"| {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"{what}; batch·N = 16384 tokens, 16 heads. From `bench/results/h100_bench.json`.")
+    lines.append(f"{what}; course grid (batch·N = 16384 tokens, 16 heads). From `bench/results/h100_bench.json`.")
     return "\n".join(lines)
 
 
@@ -189,33 +214,195 @@ def tables():
     return out
 
 
-def update(path, all_tables):
-    text = path.read_text()
+# ---------------------------------------------------------------------------------------------
+# Single figures in running text: <!-- value:SPEC -->FIGURE<!-- /value -->
+# ---------------------------------------------------------------------------------------------
 
-    def fill(m):
+VALUE = re.compile(r"<!-- value:([\w./+-]+) -->(.*?)<!-- /value -->", re.S)
+
+
+def load_compare():
+    """{(impl, direction, head_dim, causal, seq): tflops} of bench/compare.py's runs that succeeded."""
+    out = {}
+    for r in json.loads(COMPARE_JSON.read_text())["results"]:
+        if r["status"] == "ok":
+            out[(r["impl"], r["direction"], r["head_dim"], r["causal"], r["seq"])] = r["tflops"]
+    return out
+
+
+def load_anchors():
+    """The quoted anchors: named ceilings and the table's cells, as the strings the quotation prints."""
+    text = ANCHORS.read_text()
+    found = {
+        "bf16-matmul": re.search(r"bf16 matmul 8192\^3: ([\d.]+) TFLOP/s", text)[1],
+        "fp32-matmul": re.search(r"fp32 matmul 8192\^3 \(no tf32\): ([\d.]+) TFLOP/s", text)[1],
+        "copy": re.search(r"d2d copy 1GiB: ([\d.]+) TB/s", text)[1],
+        "peak-bf16": re.search(r"bf16 dense ([\d.]+) TFLOP/s", text)[1],
+        "peak-fp32": re.search(r"fp32 FFMA ([\d.]+) TFLOP/s", text)[1],
+        "peak-tf32": re.search(r"TF32 ([\d.]+) TFLOP/s", text)[1],
+        "hbm": re.search(r"HBM3 ([\d.]+) TB/s", text)[1],
+    }
+    head = None
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("| dtype"):
+            head = cells
+        elif head and line.startswith("| ") and len(cells) == len(head):
+            dtype, d, causal, b, h, n = cells[:6]
+            for impl, cell in zip(head[6:], cells[6:]):
+                for direction, part in zip(("forward", "backward"), cell.split(" / ")):
+                    found[f"{dtype}/{impl}/{direction}/d{d}/c{int(causal == 'yes')}/{n}"] = part
+    return found
+
+
+def value(spec, runs=None, backward=None, compare=None, anchors=None):
+    """One measured figure, as text. The forms of SPEC (c0/c1: causal off/on; seq: N):
+
+      bench/SS/dD/cC/N/tflops|ms|peak   stage SS's forward on the course grid (peak: % of fp32 peak)
+      bwd/SS/dD/cC/N/tflops|done        stage SS's backward (done: the rate of the 7 products it really does)
+      speedup/AA/BB/dD                  TFLOP/s of stage BB over stage AA at the course problem
+      causal/SS/dD                      causal time over non-causal time, stage SS, course problem
+      compare/IMPL/DIR/dD/cC/N          TFLOP/s of IMPL (stageNN, naive-torch, sdpa-...) in compare_h100.json
+      compare-ratio/IMPL/STAGE/DIR/dD/cC/N   IMPL's TFLOP/s over the stage's
+      ncu/dD/SS/METRIC                  a metric of h100_ncu_dD.csv (a key of NCU_ROWS, as the table shows it)
+      ncu-ratio/dD/SS/METRIC/TT         that metric of stage SS over stage TT
+      ncu-per/dD/SS/METRIC_A/METRIC_B   METRIC_A of stage SS over its METRIC_B
+      anchor/NAME                       a ceiling of pytorch_anchors_h100.md (bf16-matmul, fp32-matmul,
+                                        copy, peak-bf16, peak-fp32, peak-tf32, hbm)
+      anchor/DTYPE/IMPL/DIR/dD/cC/N     a cell of its table, e.g. anchor/float32/naive-torch/forward/d64/c0/4096
+    """
+    parts = spec.split("/")
+    kind = parts[0]
+    runs = runs if runs is not None else load_bench()
+    if kind in ("bench", "bwd"):
+        src = runs if kind == "bench" else (backward if backward is not None else load_bench(backward=True))
+        stage, d, c, n, what = int(parts[1]), int(parts[2][1:]), parts[3] == "c1", int(parts[4]), parts[5]
+        r = src[(stage, d, c, n)]
+        if what == "peak":
+            return f"{100 * r['tflops'] / FP32_PEAK_TFLOPS:.0f}"
+        if what == "done":  # stage 07's backward does 7 tile products where the convention counts 5
+            return f"{r['tflops'] * 7 / 5:.1f}"
+        return f"{r[what]:.2f}"
+    if kind == "speedup":
+        a, b, d = int(parts[1]), int(parts[2]), int(parts[3][1:])
+        return f"{runs[(b, d, False, COURSE_SEQ)]['tflops'] / runs[(a, d, False, COURSE_SEQ)]['tflops']:.2f}"
+    if kind == "causal":
+        stage, d = int(parts[1]), int(parts[2][1:])
+        return f"{runs[(stage, d, True, COURSE_SEQ)]['ms'] / runs[(stage, d, False, COURSE_SEQ)]['ms']:.2f}"
+    if kind in ("compare", "compare-ratio"):
+        compare = compare if compare is not None else load_compare()
+        if kind == "compare":
+            impl, direction, d, c, n = parts[1], parts[2], int(parts[3][1:]), parts[4] == "c1", int(parts[5])
+            return f"{compare[(impl, direction, d, c, n)]:.1f}"
+        impl, stage, direction, d, c, n = parts[1], parts[2], parts[3], int(parts[4][1:]), parts[5] == "c1", int(parts[6])
+        return f"{compare[(impl, direction, d, c, n)] / compare[(stage, direction, d, c, n)]:.2f}"
+    if kind == "ncu-per":  # ncu-per/dD/SS/METRIC_A/METRIC_B: one metric of a stage over another
+        d, stage, a, b = int(parts[1][1:]), int(parts[2]), parts[3], parts[4]
+        metrics = load_ncu(d)[stage]
+        return f"{metrics[a] / metrics[b]:.1f}"
+    if kind in ("ncu", "ncu-ratio"):
+        d, stage, metric = int(parts[1][1:]), int(parts[2]), parts[3]
+        metrics = load_ncu(d)
+        if metric not in NCU_ROWS:
+            raise KeyError(metric)
+        label, divisor, decimals = NCU_ROWS[metric]
+        if kind == "ncu":
+            return f"{metrics[stage][metric] / divisor:,.{decimals}f}"
+        other = int(parts[4])
+        return f"{metrics[stage][metric] / metrics[other][metric]:.1f}"
+    if kind == "anchor":
+        anchors = anchors if anchors is not None else load_anchors()
+        return anchors["/".join(parts[1:])]
+    raise KeyError(spec)
+
+
+class Values(dict):
+    """Every figure a page asks for, computed on first use from files loaded once."""
+
+    def __init__(self):
+        super().__init__()
+        self.sources = {"runs": load_bench(), "backward": load_bench(backward=True), "compare": load_compare(),
+                        "anchors": load_anchors()}
+        if float(self.sources["anchors"]["peak-fp32"]) != FP32_PEAK_TFLOPS:
+            raise SystemExit("FP32_PEAK_TFLOPS differs from bench/results/pytorch_anchors_h100.md")
+
+    def __missing__(self, spec):
+        try:
+            self[spec] = value(spec, **self.sources)
+        except (KeyError, IndexError, ValueError) as e:
+            raise SystemExit(f"no measured figure for value:{spec} ({e!r})")
+        return self[spec]
+
+
+def fill(text, all_tables, values, where):
+    """text with every table region and inline figure regenerated."""
+    def table(m):
         name = m[1]
         if name not in all_tables:
-            raise SystemExit(f"{path}: no table named {name}")
+            raise SystemExit(f"{where}: no table named {name}")
         return f"<!-- table:{name} -->\n{all_tables[name]}\n<!-- /table:{name} -->"
 
-    new = re.sub(r"<!-- table:([\w-]+) -->.*?<!-- /table:\1 -->", fill, text, flags=re.S)
+    text = re.sub(r"<!-- table:([\w-]+) -->.*?<!-- /table:\1 -->", table, text, flags=re.S)
+    return VALUE.sub(lambda m: f"<!-- value:{m[1]} -->{values[m[1]]}<!-- /value -->", text)
+
+
+def stale_regions(old, new):
+    """Names of the regions of old that fill() changed."""
+    names = []
+    olds = re.findall(r"<!-- (table:[\w-]+|value:[\w./+-]+) -->(.*?)<!-- /", old, flags=re.S)
+    news = re.findall(r"<!-- (table:[\w-]+|value:[\w./+-]+) -->(.*?)<!-- /", new, flags=re.S)
+    for (name, a), (_, b) in zip(olds, news):
+        if a != b:
+            names.append(f"{name} (has {a.strip()[:40]!r}, measured {b.strip()[:40]!r})" if name.startswith("value")
+                         else name)
+    return names
+
+
+def update(path, all_tables, values):
+    text = path.read_text()
+    new = fill(text, all_tables, values, path)
     if new != text:
         path.write_text(new)
         print(f"updated {path}")
 
 
+def check(paths, all_tables, values):
+    """1 if any generated region of paths is out of date (the CPU test), else 0."""
+    stale = 0
+    for path in paths:
+        text = path.read_text()
+        new = fill(text, all_tables, values, path)
+        if new != text:
+            stale += 1
+            for name in stale_regions(text, new) or ["a generated region"]:
+                print(f"{path.relative_to(ROOT) if path.is_absolute() else path}: out of date: {name}")
+    n = len(paths)
+    if stale:
+        print(f"make_tables --check: {stale} of {n} files out of date; "
+              f"run python3 scripts/make_tables.py --update {' '.join(PAGES)}")
+        return 1
+    print(f"make_tables --check: {n} files, every table and inline figure matches bench/results/")
+    return 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--update", nargs="+", type=pathlib.Path, help="files whose table regions to rewrite")
+    parser.add_argument("--update", nargs="+", type=pathlib.Path, help="files whose generated regions to rewrite")
+    parser.add_argument("--check", nargs="*", type=pathlib.Path,
+                        help="files to check (default: every course page); exit 1 if any region is stale")
     args = parser.parse_args()
     all_tables = tables()
+    values = Values()
+    if args.check is not None:
+        paths = args.check or sorted({p for pattern in PAGES for p in ROOT.glob(pattern)})
+        return check(paths, all_tables, values)
     if args.update:
         for path in args.update:
-            update(path, all_tables)
+            update(path, all_tables, values)
     else:
         for name, table in all_tables.items():
             print(f"## {name}\n\n{table}\n")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
