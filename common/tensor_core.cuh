@@ -2,7 +2,7 @@
 //
 // Each wrapper is one PTX instruction (PTX ISA 8.x, "Warp-level matrix instructions" and "Data
 // movement: cp.async"), so the stages read as the algorithm and this file as the instruction set.
-// The fragment layouts the wrappers assume are drawn in docs/theory/09_tensor_cores.md. All of them
+// The fragment layouts the wrappers assume are drawn in docs/theory/11_tensor_cores.md. All of them
 // need compute capability 8.0 (mma.sync with bf16, ldmatrix, cp.async); a stage that uses them
 // checks the GPU before it launches.
 #pragma once
