@@ -24,8 +24,15 @@ bool gpu_available(std::string* why);
 // What check_gpu found. Without a GPU the CUDA runtime says "CUDA driver version is insufficient for
 // CUDA runtime version" whether there is no driver at all or an old one; these tell them apart.
 struct GpuCheck {
-  enum class Result { kOk, kNoDriver, kNoDevice, kDriverTooOld, kCudaError };
-  Result result = Result::kOk;
+  // What was found.
+  enum class Result {
+    kOk,            // a device to run on
+    kNoDriver,      // no NVIDIA driver: the CUDA driver library could not be loaded
+    kNoDevice,      // a driver, but no device visible to this process
+    kDriverTooOld,  // a driver older than the CUDA runtime this program was built with
+    kCudaError,     // something else; message carries CUDA's error
+  };
+  Result result = Result::kOk;  // what was found
   int driver_version = 0;   // the newest CUDA the driver supports, 1000 * major + 10 * minor; 0: no driver
   int runtime_version = 0;  // the CUDA runtime this program was built with, in the same form
   int device_count = 0;     // CUDA devices visible to this process
