@@ -93,9 +93,8 @@ function(flash_fetch name url sha256 result)
       return()
     endif()
   endif()
-  # The archive is local now: FetchContent only unpacks it. SYSTEM keeps the library's headers out
-  # of our warnings.
-  FetchContent_Declare(${name} URL ${archive} URL_HASH SHA256=${sha256} DOWNLOAD_EXTRACT_TIMESTAMP ON SYSTEM)
+  # The archive is local now: FetchContent only unpacks it.
+  FetchContent_Declare(${name} URL ${archive} URL_HASH SHA256=${sha256} DOWNLOAD_EXTRACT_TIMESTAMP ON)
   FetchContent_MakeAvailable(${name})
   set(${result} ON PARENT_SCOPE)
 endfunction()
