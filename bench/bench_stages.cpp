@@ -229,7 +229,7 @@ int main(int argc, char** argv) {
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   std::string why;
   if (!harness::gpu_available(&why)) {
-    std::printf("flash-stages-bench: %s; the stages need an NVIDIA GPU to run.\n", why.c_str());
+    std::fprintf(stderr, "flash-stages-bench: %s; the stages need an NVIDIA GPU to run.\n", why.c_str());
     return kExitNoGpu;
   }
   cudaDeviceProp prop;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <sstream>
@@ -16,14 +17,60 @@ void cuda_check(cudaError_t err, const char* what) {
 }
 
 bool gpu_available(std::string* why) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    if (why) *why = std::string("no CUDA device: ") + (err != cudaSuccess ? cudaGetErrorString(err) : "device count is 0");
-    cudaGetLastError();  // clear the sticky error so later calls see a clean state
-    return false;
+  const GpuCheck check = check_gpu();
+  if (check.result == GpuCheck::Result::kOk) return true;
+  if (why) *why = check.message;
+  return false;
+}
+
+std::string cuda_version_string(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
+const char* GpuCheck::result_name() const {
+  switch (result) {
+    case Result::kOk: return "ok";
+    case Result::kNoDriver: return "no_driver";
+    case Result::kNoDevice: return "no_device";
+    case Result::kDriverTooOld: return "driver_too_old";
+    case Result::kCudaError: return "cuda_error";
   }
-  return true;
+  return "cuda_error";
+}
+
+GpuCheck check_gpu() {
+  GpuCheck c;
+  // Both only report versions: cudaDriverGetVersion gives 0 when no driver is installed, and
+  // neither needs a device.
+  cudaRuntimeGetVersion(&c.runtime_version);
+  cudaDriverGetVersion(&c.driver_version);
+  const cudaError_t err = cudaGetDeviceCount(&c.device_count);
+  cudaGetLastError();  // clear the sticky error so later calls see a clean state
+  if (err != cudaSuccess) c.device_count = 0;
+  const std::string runtime = cuda_version_string(c.runtime_version);
+  const std::string driver = cuda_version_string(c.driver_version);
+  if (err == cudaSuccess && c.device_count > 0) {
+    c.message = std::to_string(c.device_count) + " CUDA device(s), driver for CUDA " + driver + ", runtime " + runtime;
+  } else if (c.driver_version == 0) {
+    c.result = GpuCheck::Result::kNoDriver;
+    c.message = "no NVIDIA driver (the CUDA driver library could not be loaded; this build's CUDA runtime is " +
+                runtime + ")";
+  } else if (err == cudaErrorInsufficientDriver) {
+    c.result = GpuCheck::Result::kDriverTooOld;
+    c.message = "NVIDIA driver too old: it supports CUDA " + driver + ", this build's runtime is CUDA " + runtime +
+                " (update the driver)";
+  } else if (err == cudaErrorNoDevice || err == cudaSuccess) {
+    c.result = GpuCheck::Result::kNoDevice;
+    c.message = "no CUDA device: the NVIDIA driver (CUDA " + driver + ") is installed but sees no GPU";
+    // The usual reason on a machine that has a GPU: this process was told to see none.
+    if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"))
+      c.message += std::string(" (CUDA_VISIBLE_DEVICES=") + visible + ")";
+  } else {
+    c.result = GpuCheck::Result::kCudaError;
+    c.message = std::string("CUDA cannot use the GPU: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err) +
+                " (driver for CUDA " + driver + ", runtime " + runtime + ")";
+  }
+  return c;
 }
 
 float Problem::softmax_scale() const {

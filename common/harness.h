@@ -19,8 +19,33 @@ namespace harness {
 // return flash::Status instead.
 void cuda_check(cudaError_t err, const char* what);
 
-// True when a CUDA device can run our kernels; otherwise *why says why not.
+// True when a CUDA device can run our kernels; otherwise *why says why not, in one line that names
+// what was found (check_gpu's message).
 bool gpu_available(std::string* why);
+
+// What check_gpu found. Without a GPU the CUDA runtime says "CUDA driver version is insufficient for
+// CUDA runtime version" whether there is no driver at all or an old one; these tell them apart.
+struct GpuCheck {
+  // What was found.
+  enum class Result {
+    kOk,            // a device to run on
+    kNoDriver,      // no NVIDIA driver: the CUDA driver library could not be loaded
+    kNoDevice,      // a driver, but no device visible to this process
+    kDriverTooOld,  // a driver older than the CUDA runtime this program was built with
+    kCudaError,     // something else; message carries CUDA's error
+  };
+  Result result = Result::kOk;  // what was found
+  int driver_version = 0;   // the newest CUDA the driver supports, 1000 * major + 10 * minor; 0: no driver
+  int runtime_version = 0;  // the CUDA runtime this program was built with, in the same form
+  int device_count = 0;     // CUDA devices visible to this process
+  std::string message;      // one line: what was found and, when it is not ok, what to do
+  // The result as a word for JSON: "ok", "no_driver", "no_device", "driver_too_old", "cuda_error".
+  const char* result_name() const;
+};
+// Looks for a driver and a device without throwing; leaves no sticky CUDA error behind.
+GpuCheck check_gpu();
+// A CUDA version number (13000) as "13.0".
+std::string cuda_version_string(int version);
 
 // One attention problem: the shapes of the API plus scale and causal.
 struct Problem {

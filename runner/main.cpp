@@ -2,10 +2,19 @@
 // before it and against the fp64 reference, and prints what each idea bought.
 //
 //   flash-stages [--stage N] [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]
-//                [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32|fp16|bf16] [--runs R] [--json] [--list]
+//                [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32|fp16|bf16] [--runs R] [--json]
+//                [--list] [--help]
+//
+// Every option is checked before anything else happens, GPU or not: a bad one is named with its
+// value on stderr and the runner exits with kExitUsage or kExitCannotRun (with --json, the same as
+// JSON on stdout).
+#include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,18 +26,20 @@
 
 namespace {
 
-constexpr int kExitNoGpu = 2;  // distinct from 1 (a stage failed) so scripts can tell them apart
-constexpr int kExitUsage = 3;
+// Exit codes, each its own so that scripts can tell them apart. 1: a stage failed its check.
+constexpr int kExitNoGpu = 2;      // no GPU to run on; the message says what was found
+constexpr int kExitUsage = 3;      // an unknown option, a missing value, or a value out of its range
+constexpr int kExitCannotRun = 4;  // well-formed options that no selected stage can run (--head-dim 48)
 constexpr uint64_t kSeed = 2024;
 // Relative L2 error a correct fp32 stage stays under against fp64 (rounding of N-term sums).
 constexpr double kFp32Tolerance = 1e-5;
+// The reference costs rows * seq_kv * head_dim * 4 flops in fp64 on the host; this many rows keep
+// it to a second or two while still sampling every head.
+constexpr long long kReferenceRows = 2048;
 // Relative L2 distance allowed from the previous stage when the coarser of the two rounds to bf16 or
 // fp16 (as tests/test_stages_gpu.cpp's agreement_tolerance, which explains the figures).
 constexpr double kBf16Agreement = 1e-2;
 constexpr double kFp16Agreement = 2e-3;
-// The reference costs rows * seq_kv * head_dim * 4 flops in fp64 on the host; this many rows keep
-// it to a second or two while still sampling every head.
-constexpr long long kReferenceRows = 2048;
 
 struct Options {
   harness::Problem problem;
@@ -55,17 +66,92 @@ double agreement_tolerance(flash::DType a, flash::DType b) {
   return kFp32Tolerance;
 }
 
-void usage() {
-  std::fprintf(stderr,
+// Why the runner refuses to go on: its exit code and a one-line message naming the option and value.
+struct Refusal {
+  int exit_code = 0;  // 0: nothing refused
+  std::string message;
+};
+
+void usage(std::FILE* to) {
+  std::fprintf(to,
                "usage: flash-stages [--stage N] [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]\n"
                "                    [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32|fp16|bf16] [--runs R] [--json]\n"
-               "                    [--list]\n"
+               "                    [--list] [--help]\n"
                "Runs every stage (or one) on one problem, checks it against the previous stage and an fp64\n"
-               "reference, and prints time, TFLOP/s and errors. Default problem: batch 4, heads 16, seq 1024,\n"
-               "head_dim 64, not causal, each stage in its first dtype (--dtype: only the stages that have it).\n");
+               "reference, and prints time, TFLOP/s and errors.\n"
+               "\n"
+               "  --stage N      run stage N only (and the stage it is checked against); --list shows them\n"
+               "  --batch B      independent sequences (default 4)\n"
+               "  --heads H      query heads (default 16)\n"
+               "  --heads-kv H   key/value heads, a divisor of --heads: H for MHA, 1 for MQA (default --heads)\n"
+               "  --seq N        query and key length (default 1024); --seq-q, --seq-kv set one of them\n"
+               "  --head-dim D   width of a head: 32, 64 or 128 (default 64)\n"
+               "  --causal       bottom-right aligned causal mask (the stages that have one)\n"
+               "  --dtype T      element type, fp32, fp16 or bf16: only the stages that have it run (default: each\n"
+               "                 stage in its first dtype, as --list shows)\n"
+               "  --runs R       timed runs per stage; the median is reported (default 20)\n"
+               "  --json         the results, or why there are none, as JSON on stdout\n"
+               "  --list         the stages, one per line\n"
+               "  --help         this text\n"
+               "Sizes are whole numbers from 1 to %d.\n"
+               "Exit codes: 0 every stage passed; 1 a stage failed; 2 no GPU (what was found is on stderr);\n"
+               "3 a bad option or value; 4 valid options that no selected stage can run.\n",
+               INT_MAX);
 }
 
-bool parse(int argc, char** argv, Options* opt) {
+// s with JSON's escapes, for a message inside a JSON string.
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Says why the runner stops: the message on stderr and, with --json, a JSON object on stdout.
+// gpu, when given, adds what the GPU check found. Returns the exit code.
+int refuse(bool json, int exit_code, const char* error, const std::string& message,
+           const harness::GpuCheck* gpu = nullptr) {
+  std::fprintf(stderr, "flash-stages: %s\n", message.c_str());
+  if (exit_code == kExitUsage) std::fprintf(stderr, "flash-stages --help lists the options\n");
+  if (json) {
+    std::printf("{\"error\": \"%s\", \"message\": \"%s\", \"exit_code\": %d", error, json_escape(message).c_str(),
+                exit_code);
+    if (gpu)
+      std::printf(", \"gpu\": {\"result\": \"%s\", \"driver_version\": %d, \"runtime_version\": %d, "
+                  "\"device_count\": %d}",
+                  gpu->result_name(), gpu->driver_version, gpu->runtime_version, gpu->device_count);
+    std::printf("}\n");
+  }
+  return exit_code;
+}
+
+// An int option's value: a whole decimal number from min to INT_MAX, read with strtoll so that a
+// value past int's range is refused, not truncated.
+Refusal read_int(const std::string& option, const char* text, long long min, int* out) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  const std::string named = option + " " + text;
+  if (end == text || *end != '\0') return {kExitUsage, named + ": not a whole number"};
+  if (errno == ERANGE || v < min || v > INT_MAX)
+    return {kExitUsage, named + ": out of range (" + std::to_string(min) + " to " + std::to_string(INT_MAX) + ")"};
+  *out = static_cast<int>(v);
+  return {};
+}
+
+// Reads the command line into opt; --help and --list are answered here. Only the form of each
+// value is checked; validate() checks what they mean together.
+Refusal parse(int argc, char** argv, Options* opt) {
   harness::Problem& p = opt->problem;
   p.batch = 4;
   p.heads_q = 16;
@@ -74,52 +160,88 @@ bool parse(int argc, char** argv, Options* opt) {
   p.head_dim = 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&](int* out) {
-      if (i + 1 >= argc) return false;
-      char* end = nullptr;
-      const long v = std::strtol(argv[++i], &end, 10);
-      *out = static_cast<int>(v);
-      return *end == '\0';
+    const bool has_value = i + 1 < argc;
+    auto value = [&](int* out) -> Refusal {
+      if (!has_value) return {kExitUsage, a + ": needs a value"};
+      return read_int(a, argv[++i], 1, out);
     };
-    bool ok = true;
-    if (a == "--stage") ok = value(&opt->stage);
-    else if (a == "--batch") ok = value(&p.batch);
-    else if (a == "--heads") ok = value(&p.heads_q);
-    else if (a == "--heads-kv") ok = value(&p.heads_kv);
-    else if (a == "--seq") { ok = value(&p.seq_q); p.seq_kv = p.seq_q; }
-    else if (a == "--seq-q") ok = value(&p.seq_q);
-    else if (a == "--seq-kv") ok = value(&p.seq_kv);
-    else if (a == "--head-dim") ok = value(&p.head_dim);
-    else if (a == "--runs") ok = value(&opt->runs);
+    Refusal r;
+    if (a == "--stage") r = value(&opt->stage);
+    else if (a == "--batch") r = value(&p.batch);
+    else if (a == "--heads") r = value(&p.heads_q);
+    else if (a == "--heads-kv") r = value(&p.heads_kv);
+    else if (a == "--seq") { r = value(&p.seq_q); p.seq_kv = p.seq_q; }
+    else if (a == "--seq-q") r = value(&p.seq_q);
+    else if (a == "--seq-kv") r = value(&p.seq_kv);
+    else if (a == "--head-dim") r = value(&p.head_dim);
+    else if (a == "--runs") r = value(&opt->runs);
     else if (a == "--causal") p.causal = true;
     else if (a == "--json") opt->json = true;
     else if (a == "--dtype") {
-      ok = i + 1 < argc && parse_dtype(argv[i + 1], &opt->dtype);
-      if (ok) ++i;
+      if (!has_value) r = {kExitUsage, a + ": needs a value"};
+      else if (!parse_dtype(argv[++i], &opt->dtype)) r = {kExitUsage, a + " " + argv[i] + ": not fp32, fp16 or bf16"};
       opt->dtype_given = true;
     }
     else if (a == "--list") {
-      for (const registry::Stage& s : registry::stages())
-        std::printf("%02d  %-16s %-9s %s\n", s.number, s.name, s.dtype_list().c_str(), s.lesson);
+      for (const registry::Stage& s : registry::stages()) std::printf("%02d  %-16s %s\n", s.number, s.name, s.lesson);
       std::exit(0);
     }
-    else if (a == "--help" || a == "-h") { usage(); std::exit(0); }
-    else ok = false;
-    if (!ok) {
-      std::fprintf(stderr, "flash-stages: bad argument '%s'\n", a.c_str());
-      return false;
-    }
+    else if (a == "--help" || a == "-h") { usage(stdout); std::exit(0); }
+    else r = {kExitUsage, "unknown option '" + a + "'"};
+    if (r.exit_code) return r;
   }
   if (p.heads_kv == 0) p.heads_kv = p.heads_q;
-  if (opt->runs < 1) {
-    std::fprintf(stderr, "flash-stages: --runs must be >= 1\n");
-    return false;
+  return {};
+}
+
+// The values together: a stage that exists, heads that divide, sizes the stages can index, a dtype
+// the runner has, and a problem at least one selected stage supports.
+Refusal validate(const Options& opt) {
+  harness::Problem p = opt.problem;
+  if (opt.dtype_given) p.dtype = opt.dtype;
+  const std::vector<registry::Stage>& all = registry::stages();
+  if (opt.stage != 0 && !registry::find(opt.stage))
+    return {kExitUsage, "--stage " + std::to_string(opt.stage) + ": no such stage (" +
+                            std::to_string(all.front().number) + " to " + std::to_string(all.back().number) +
+                            "; --list shows them)"};
+  if (p.heads_q % p.heads_kv != 0)
+    return {kExitUsage, "--heads-kv " + std::to_string(p.heads_kv) + ": must divide --heads " +
+                            std::to_string(p.heads_q)};
+  const long long rows_q = static_cast<long long>(p.batch) * p.heads_q * p.seq_q;
+  const long long rows_kv = static_cast<long long>(p.batch) * p.heads_kv * p.seq_kv;
+  if (std::max(rows_q, rows_kv) > flash::kMaxDim)
+    return {kExitCannotRun, "--batch " + std::to_string(p.batch) + " --heads " + std::to_string(p.heads_q) +
+                                " --seq-q " + std::to_string(p.seq_q) + " --seq-kv " + std::to_string(p.seq_kv) +
+                                ": " + std::to_string(std::max(rows_q, rows_kv)) +
+                                " rows, more than the stages index (" + std::to_string(flash::kMaxDim) + ")"};
+
+  // The problem against the stages that would run: one stage when --stage is given, else any.
+  std::vector<int> head_dims;
+  for (const registry::Stage& s : all) {
+    if (opt.stage != 0 && s.number != opt.stage) continue;
+    if (s.supports(opt.dtype_given ? p : s.in_own_dtype(p))) return {};
+    if (opt.dtype_given && !s.has_dtype(opt.dtype)) continue;  // named below if no stage is left
+    for (int d : s.head_dims)
+      if (std::find(head_dims.begin(), head_dims.end(), d) == head_dims.end()) head_dims.push_back(d);
   }
-  if (opt->stage != 0 && !registry::find(opt->stage)) {
-    std::fprintf(stderr, "flash-stages: --stage %d: no such stage\n", opt->stage);
-    return false;
+  if (head_dims.empty())
+    return {kExitCannotRun, std::string("--dtype ") + flash::dtype_name(opt.dtype) + ": " +
+                                (opt.stage != 0 ? "stage " + std::to_string(opt.stage) + " does not have it"
+                                                : std::string("no stage has it"))};
+  std::sort(head_dims.begin(), head_dims.end());
+  if (std::find(head_dims.begin(), head_dims.end(), p.head_dim) == head_dims.end()) {
+    std::string list;
+    for (int d : head_dims) list += (list.empty() ? "" : ", ") + std::to_string(d);
+    const std::string who = opt.stage != 0 ? "stage " + std::to_string(opt.stage) + " does not support it"
+                                           : std::string("no stage supports it");
+    return {kExitCannotRun, "--head-dim " + std::to_string(p.head_dim) + ": " + who + " (head_dim: " + list + ")"};
   }
-  return true;
+  // The head_dim is fine, so --causal is what the stage lacks.
+  std::string causal_stages;
+  for (const registry::Stage& s : all)
+    if (s.causal) causal_stages += (causal_stages.empty() ? "" : ", ") + std::to_string(s.number);
+  return {kExitCannotRun, "--causal: stage " + std::to_string(opt.stage) + " has no causal mask (stages with one: " +
+                              causal_stages + ")"};
 }
 
 struct Row {
@@ -135,16 +257,19 @@ struct Row {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  Options opt;
-  if (!parse(argc, argv, &opt)) {
-    usage();
-    return kExitUsage;
-  }
-  std::string why;
-  if (!harness::gpu_available(&why)) {
-    std::printf("flash-stages: %s; the stages need an NVIDIA GPU to run.\n", why.c_str());
-    return kExitNoGpu;
+// Runs the stages on the checked options and prints the table or the JSON. Returns 0 when every
+// selected stage that ran passed, else 1.
+static int run(const Options& opt) {
+  const harness::Problem& p = opt.problem;
+  // The tensors must fit on the GPU: q, k, v and d_out, and o and lse twice (checked, timed).
+  size_t gpu_free = 0, gpu_total = 0;
+  harness::cuda_check(cudaMemGetInfo(&gpu_free, &gpu_total), "cudaMemGetInfo");
+  const double tensor_bytes = sizeof(float) * (4.0 * p.q_elems() + 2.0 * p.kv_elems() + 2.0 * p.rows());
+  if (tensor_bytes > static_cast<double>(gpu_free)) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg, "%s: its tensors need %.1f GiB of GPU memory, %.1f GiB are free",
+                  p.describe().c_str(), tensor_bytes / (1 << 30), static_cast<double>(gpu_free) / (1 << 30));
+    return refuse(opt.json, kExitCannotRun, "cannot_run", msg);
   }
   // Inputs, device copies and reference rows per dtype: a half stage reads inputs rounded to its
   // dtype, and the stage before it and the reference see exactly those numbers.
@@ -236,7 +361,6 @@ int main(int argc, char** argv) {
     rows.push_back(row);
   }
 
-  const harness::Problem& p = opt.problem;
   if (opt.json) {
     std::printf("{\"problem\": {\"batch\": %d, \"heads_q\": %d, \"heads_kv\": %d, \"seq_q\": %d, \"seq_kv\": %d, "
                 "\"head_dim\": %d, \"causal\": %s},\n \"stages\": [\n",
@@ -276,4 +400,25 @@ int main(int argc, char** argv) {
     }
   }
   return all_pass ? 0 : 1;
+}
+
+int main(int argc, char** argv) {
+  // --json decides how a refusal is written, wherever it stands on the command line.
+  bool json = false;
+  for (int i = 1; i < argc; ++i) json = json || std::strcmp(argv[i], "--json") == 0;
+  Options opt;
+  Refusal r = parse(argc, argv, &opt);
+  if (!r.exit_code) r = validate(opt);
+  if (r.exit_code) return refuse(json, r.exit_code, r.exit_code == kExitUsage ? "usage" : "cannot_run", r.message);
+  const harness::GpuCheck gpu = harness::check_gpu();
+  if (gpu.result != harness::GpuCheck::Result::kOk)
+    return refuse(json, kExitNoGpu, "no_gpu", gpu.message + "; the stages need an NVIDIA GPU to run", &gpu);
+  try {
+    return run(opt);
+  } catch (const std::exception& e) {
+    // What the checks cannot foresee: host memory for a very large problem, a CUDA failure outside
+    // a stage. Said in one line, not as an uncaught exception.
+    std::fprintf(stderr, "flash-stages: %s\n", e.what());
+    return 1;
+  }
 }
