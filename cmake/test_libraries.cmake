@@ -12,7 +12,7 @@
 # Sets FLASH_HAVE_GTEST and FLASH_HAVE_BENCHMARK for the top-level CMakeLists.txt.
 #
 # The pins: releases whose archives' SHA-256 are fixed, so a fetch is as reproducible as a package.
-# They need CMake only (no Bazel, no network at build time once configured).
+# Both build with CMake alone; once a build directory has them, nothing is downloaded again.
 set(FLASH_GTEST_VERSION 1.14.0)
 set(FLASH_GTEST_URL https://github.com/google/googletest/archive/refs/tags/v${FLASH_GTEST_VERSION}.tar.gz)
 set(FLASH_GTEST_SHA256 8ad598c73ad796e0d8280b082cebd82a630d73e73cd3c70057938a6501bba5d7)
