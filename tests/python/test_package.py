@@ -100,9 +100,10 @@ def test_backward_workspace_of_stages_with_a_backward():
         assert flash_stages.backward_workspace_bytes(s.number, 2, 4, 2, 100, 200, 64) >= 0
 
 
-def c_forward(stage, ptrs, dims, *, causal=0, scale=0.125, device=-1):
+def c_forward(stage, ptrs, dims, *, causal=0, scale=0.125, device=-1, dtype=0):
     msg = _lib.message_buffer()
-    code = _lib.lib().flash_stages_forward(stage, *ptrs, *dims, scale, causal, None, 0, device, None, msg, len(msg))
+    code = _lib.lib().flash_stages_forward(stage, *ptrs, *dims, scale, causal, dtype, None, 0, device, None, msg,
+                                           len(msg))
     return code, msg
 
 
@@ -150,11 +151,11 @@ def test_c_abi_cuda_error_is_runtime_error():
 
 def test_c_abi_message_is_truncated_safely():
     small = ctypes.create_string_buffer(8)
-    got = _lib.lib().flash_stages_forward(6, None, None, None, None, None, 1, 1, 1, 1, 1, 64, 0.125, 0, None, 0, -1,
-                                          None, small, len(small))
+    got = _lib.lib().flash_stages_forward(6, None, None, None, None, None, 1, 1, 1, 1, 1, 64, 0.125, 0, 0, None, 0,
+                                          -1, None, small, len(small))
     assert got == _lib.NULL_POINTER and small.value == b"null po"
     # No buffer at all is fine too.
-    assert _lib.lib().flash_stages_forward(6, None, None, None, None, None, 1, 1, 1, 1, 1, 64, 0.125, 0, None, 0, -1,
+    assert _lib.lib().flash_stages_forward(6, None, None, None, None, None, 1, 1, 1, 1, 1, 64, 0.125, 0, 0, None, 0, -1,
                                            None, None, 0) == _lib.NULL_POINTER
 
 
