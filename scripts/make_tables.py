@@ -41,6 +41,7 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench/results/h100_bench.json"
 RUNNER = ROOT / "bench/results/h100_runner.txt"
+RESULTS = ROOT / "bench/results"
 COMPARE = ROOT / "bench/results/compare_h100.md"
 NCU_BACKWARD = ROOT / "bench/results/h100_ncu_backward.csv"
 NCU = ROOT / "bench/results/h100_ncu_d{}.csv"
@@ -176,6 +177,15 @@ def compare_table():
     return f"{made_by}\n\n{body}\n\nNotes (backends that refused fp32, cases that did not fit): `bench/results/compare_h100.md`."
 
 
+def compare_half_table(tag):
+    """The half stages against PyTorch in one dtype: compare.py's TFLOP/s table and its per-cell speed
+    over sdpa-flash (FlashAttention-2), with the geometric mean, as compare.py wrote them."""
+    text = (RESULTS / f"compare_h100_{tag}.md").read_text()
+    body = text[text.index("TFLOP/s, forward"):text.index("## Notes")].strip()
+    made_by = next(line for line in text.splitlines() if line.startswith("Made by"))
+    return f"{made_by}\n\n{body}\n\nNotes: `bench/results/compare_h100_{tag}.md`."
+
+
 def backward_split_table():
     """Time of each backward kernel (scripts/profile_backward.sh): what the dQ pass costs."""
     times = {}
@@ -202,7 +212,8 @@ def backward_split_table():
 def tables():
     runs = load_bench()
     out = {"course": course_table(runs), "runner": runner_table(), "compare": compare_table(),
-           "backward-split": backward_split_table()}
+           "backward-split": backward_split_table(), "compare-bf16": compare_half_table("bf16"),
+           "compare-fp16": compare_half_table("fp16")}
     for d in (64, 128):
         out[f"ncu-d{d}"] = ncu_table(d, runs)
     for stage in sorted({k[0] for k in runs}):
