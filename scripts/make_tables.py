@@ -35,6 +35,7 @@ Without --update or --check it prints every table.
 import argparse
 import csv
 import json
+import math
 import pathlib
 import re
 
@@ -186,6 +187,36 @@ def compare_half_table(tag):
     return f"{made_by}\n\n{body}\n\nNotes: `bench/results/compare_h100_{tag}.md`."
 
 
+def variants_table():
+    """Stage 10's kernel in each tile shape (bench/stage10_variants.cu's text output, both runs)."""
+    line = re.compile(r"d(\d+)\s+causal=(\d) N=(\d+)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) TFLOP/s")
+    tflops, shapes = {}, []
+    for name in ("h100_stage10_variants_16rows.txt", "h100_stage10_variants.txt"):
+        for m in map(line.match, (RESULTS / name).read_text().splitlines()):
+            if not m:
+                continue
+            d, causal, n, shape = int(m[1]), m[2] == "1", int(m[3]), m[4].strip()
+            tflops[(d, shape, causal, n)] = float(m[6])
+            if (d, shape) not in shapes:
+                shapes.append((d, shape))
+    seqs = sorted({k[3] for k in tflops})
+    lines = ["| head_dim | shape (warps x rows x keys, Q, blocks/SM bound) | "
+             + " | ".join(f"N={n}" for n in seqs) + " | causal N=" + str(seqs[-1]) + " |",
+             "|---|---|" + "---|" * (len(seqs) + 1)]
+    for d, shape in sorted(shapes, key=lambda x: x[0]):
+        cells = [f"{tflops[(d, shape, False, n)]:.1f}" if (d, shape, False, n) in tflops else "–" for n in seqs]
+        last = tflops.get((d, shape, True, seqs[-1]))
+        lines.append(f"| {d} | {shape} | " + " | ".join(cells) + f" | {last:.1f} |" if last else " | – |")
+    lines.append("")
+    lines.append("bf16 forward TFLOP/s on the FlashAttention grid (B·N = 16384, H·d = 2048), not causal unless "
+                 "the column says so. The first file's shapes (16 rows per warp) were measured before rows per warp became "
+                 "a template parameter, the second file's with the kernel as committed; the shape measured in both "
+                 "appears twice. From "
+                 "`bench/results/h100_stage10_variants_16rows.txt` and `h100_stage10_variants.txt` "
+                 "(`build/bin/stage10-variants`).")
+    return "\n".join(lines)
+
+
 def backward_split_table():
     """Time of each backward kernel (scripts/profile_backward.sh): what the dQ pass costs."""
     times = {}
@@ -213,7 +244,8 @@ def tables():
     runs = load_bench()
     out = {"course": course_table(runs), "runner": runner_table(), "compare": compare_table(),
            "backward-split": backward_split_table(), "compare-bf16": compare_half_table("bf16"),
-           "compare-fp16": compare_half_table("fp16")}
+           "compare-fp16": compare_half_table("fp16"),
+           "stage10-variants": variants_table()}
     for d in (64, 128):
         out[f"ncu-d{d}"] = ncu_table(d, runs)
     for stage in sorted({k[0] for k in runs}):
@@ -281,6 +313,10 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       anchor/NAME                       a ceiling of pytorch_anchors_h100.md (bf16-matmul, fp32-matmul,
                                         copy, peak-bf16, peak-fp32, peak-tf32, hbm)
       anchor/DTYPE/IMPL/DIR/dD/cC/N     a cell of its table, e.g. anchor/float32/naive-torch/forward/d64/c0/4096
+      half/TAG/IMPL/dD/cC/N             forward TFLOP/s of IMPL in compare_h100_TAG.json (TAG: bf16, fp16)
+      half-geo/TAG/IMPL[/BASE]          geometric mean over d, causal and N >= 1024 of IMPL's speed over
+                                        BASE's (default sdpa-flash) in that file, e.g. half-geo/bf16/stage10
+      half-min/TAG/IMPL[/BASE]          the lowest cell of the same
     """
     parts = spec.split("/")
     kind = parts[0]
@@ -321,6 +357,20 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
             return f"{metrics[stage][metric] / divisor:,.{decimals}f}"
         other = int(parts[4])
         return f"{metrics[stage][metric] / metrics[other][metric]:.1f}"
+    if kind in ("half", "half-geo", "half-min"):
+        rows = {(r["impl"], r["head_dim"], r["causal"], r["seq"]): r
+                for r in json.loads((RESULTS / f"compare_h100_{parts[1]}.json").read_text())["results"]
+                if r["status"] == "ok" and r["direction"] == "forward"}
+        if kind == "half":
+            return f"{rows[(parts[2], int(parts[3][1:]), parts[4] == 'c1', int(parts[5]))]['tflops']:.1f}"
+        impl, base = parts[2], parts[3] if len(parts) > 3 else "sdpa-flash"
+        ratios = [rows[(base, d, c, n)]["median_ms"] / r["median_ms"]
+                  for (i, d, c, n), r in rows.items() if i == impl and n >= 1024 and (base, d, c, n) in rows]
+        if not ratios:
+            raise KeyError(spec)
+        if kind == "half-min":
+            return f"{min(ratios):.2f}"
+        return f"{math.exp(sum(math.log(x) for x in ratios) / len(ratios)):.2f}"
     if kind == "anchor":
         anchors = anchors if anchors is not None else load_anchors()
         return anchors["/".join(parts[1:])]
