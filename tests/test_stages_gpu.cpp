@@ -244,6 +244,20 @@ TEST_P(EveryStage, LongSequenceMatchesPreviousStage) {
   EXPECT_TRUE(harness::compare(got.lse, before.lse).within(lse_tolerance));
 }
 
+// The scale is any finite number: negative (the softmax then favours the smallest scores, and a
+// kernel that takes the max before scaling, or scales masked -inf, goes wrong) and large.
+TEST_P(EveryStage, AnyScaleMatchesReference) {
+  for (float scale : {-0.2f, 1.5f}) {
+    harness::Problem p = problem({2, 4, 2, 129, 200, 64, stage().causal});
+    p.scale = scale;
+    const harness::HostInputs host = harness::make_inputs(p, kSeed);
+    const registry::ForwardResult got = registry::run_forward(stage(), p, host);
+    ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    expect_matches_reference(p, host, got, harness::sample_rows(p.rows(), p.rows()), kFp32Tolerance);
+  }
+}
+
 // O(N) memory: at seq 131072 the score matrix alone is 64 GiB. Stages that materialize it refuse to
 // be run there by the runner and the benchmark; the fused ones run and agree with the reference.
 TEST_P(EveryStage, LongestSequenceRunsInLinearMemory) {

@@ -10,6 +10,7 @@
 // - A tile shape per head_dim: warps per block (rows of Q that share each K/V tile), keys per tile,
 //   whether Q stays in registers, and the blocks per SM the register budget is cut for.
 // - Causal: every head's longest query tile first across the whole grid, not only within a head.
+// - The mask as a pass of its own, taken only by the tiles that need one.
 // - K/V heads are indexed, never copied, for GQA (as in every stage), and the query heads of a group
 //   are neighbours in the grid, so they read the same K/V while it is in L2.
 #pragma once
@@ -226,16 +227,24 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
       const int mt = hf / 2, half = hf % 2;
       const int row = first_row + warp_row + mt * kMmaM + group + 8 * half;
       const int row_key_end = kCausal ? min(seq_kv, row + diagonal + 1) : seq_kv;
+#pragma unroll
+      for (int kb = 0; kb < kKeyBlocks; ++kb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) s[mt][kb][2 * half + e] *= scale_log2;
+      // Only the last tile and the tiles on the diagonal are masked; the branch is the same for the
+      // whole block, so every other tile pays one multiply per score and no comparison.
+      if (needs_mask) {
+#pragma unroll
+        for (int kb = 0; kb < kKeyBlocks; ++kb)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (first_key + kb * kMmaN + 2 * thread_in_group + e >= row_key_end) s[mt][kb][2 * half + e] = -INFINITY;
+      }
       float tile_max = -INFINITY;
 #pragma unroll
       for (int kb = 0; kb < kKeyBlocks; ++kb)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& score = s[mt][kb][2 * half + e];
-          const int key = first_key + kb * kMmaN + 2 * thread_in_group + e;
-          score = needs_mask && key >= row_key_end ? -INFINITY : score * scale_log2;
-          tile_max = fmaxf(tile_max, score);
-        }
+        for (int e = 0; e < 2; ++e) tile_max = fmaxf(tile_max, s[mt][kb][2 * half + e]);
       const float new_max2 = fmaxf(row_max2[hf], max_over_row_lanes(tile_max));
       // -inf only while the row has seen no key; 0 then keeps its masked 2^(-inf) at 0.
       const float offset2 = new_max2 == -INFINITY ? 0.0f : new_max2;
