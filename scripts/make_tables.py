@@ -187,6 +187,49 @@ def compare_half_table(tag):
     return f"{made_by}\n\n{body}\n\nNotes: `bench/results/compare_h100_{tag}.md`."
 
 
+# Rows of the tensor-core profile (scripts/profile_tensor_stages.sh): metric -> (label, divisor, decimals).
+NCU_TENSOR_ROWS = {
+    "gpu__time_duration.sum": ("kernel time (ms)", 1e6, 3),
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": ("tensor pipe active (% of peak)", 1, 1),
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum": ("shared-load bank conflicts (ldmatrix)", 1, 0),
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum": ("shared-load wavefronts", 1, 0),
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum": ("shared-store bank conflicts", 1, 0),
+    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": ("stall: barrier (per issue)", 1, 2),
+    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio": ("stall: long scoreboard (global memory)", 1, 2),
+    "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio": ("stall: short scoreboard (shared memory, MUFU)", 1, 2),
+    "smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio": ("stall: MIO throttle", 1, 2),
+    "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio": ("stall: math pipe throttle", 1, 2),
+    "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": ("stall: wait (fixed latency)", 1, 2),
+    "sm__warps_active.avg.pct_of_peak_sustained_active": ("achieved occupancy (%)", 1, 1),
+    "launch__registers_per_thread": ("registers per thread", 1, 0),
+}
+
+
+def ncu_tensor_table(head_dim):
+    """Nsight Compute figures of stages 08-10, one column per stage."""
+    path = RESULTS / f"h100_ncu_tensor_d{head_dim}_raw.csv"
+    values = {}
+    for r in csv.reader(path.open()):
+        if len(r) < 4 or r[1] == "ID":
+            continue
+        try:
+            values.setdefault(int(r[0]), {})[r[-3]] = float(r[-1].replace(",", ""))
+        except ValueError:
+            continue
+    stages = sorted(values)
+    lines = ["| metric | " + " | ".join(f"stage {s:02d}" for s in stages) + " |", "|---|" + "---|" * len(stages)]
+    for metric, (label, divisor, decimals) in NCU_TENSOR_ROWS.items():
+        if any(metric in values[s] for s in stages):
+            lines.append(f"| {label} | " + " | ".join(
+                f"{values[s][metric] / divisor:,.{decimals}f}" if metric in values[s] else "–" for s in stages) + " |")
+    lines.append("")
+    lines.append(f"Nsight Compute, one launch per stage, bf16, batch 4, 16 heads, seq 4096, head_dim {head_dim}, "
+                 f"not causal; stalls are warps stalled per issued instruction. From "
+                 f"`bench/results/h100_ncu_tensor_d{head_dim}_raw.csv`, written by "
+                 f"`scripts/profile_tensor_stages.sh {head_dim}`.")
+    return "\n".join(lines)
+
+
 def variants_table():
     """Stage 10's kernel in each tile shape (bench/stage10_variants.cu's text output, both runs)."""
     line = re.compile(r"d(\d+)\s+causal=(\d) N=(\d+)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) TFLOP/s")
@@ -246,6 +289,9 @@ def tables():
            "backward-split": backward_split_table(), "compare-bf16": compare_half_table("bf16"),
            "compare-fp16": compare_half_table("fp16"),
            "stage10-variants": variants_table()}
+    for d in (64, 128):
+        if (RESULTS / f"h100_ncu_tensor_d{d}_raw.csv").exists():
+            out[f"ncu-tensor-d{d}"] = ncu_tensor_table(d)
     for d in (64, 128):
         out[f"ncu-d{d}"] = ncu_table(d, runs)
     for stage in sorted({k[0] for k in runs}):
