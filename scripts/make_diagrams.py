@@ -357,7 +357,7 @@ def mma_fragments():
     c = fragment_grid(m, n, mma_c_element, 4)
     cw, ch = 26, 20
     xa, xb, xc, top = 50, 50 + k * cw + 60, 50 + k * cw + 60 + n * cw + 70, 96
-    width = xc + n * cw + 40
+    width = xc + n * cw + 100
     svg = Svg(width, top + m * ch + 130, "mma.sync m16n8k16 fragment layouts")
     svg.text(30, 24, f"mma.sync.aligned.m{m}n{n}k{k}: D ({m}×{n}, fp32) = A ({m}×{k}) · B ({k}×{n}) + C, "
              "one warp", 14, weight="bold")
