@@ -458,9 +458,9 @@ def swizzle(head_dim=64):
         return ((row * row_bytes + physical_chunk * chunk_bytes) // 4 % 32) // 4
 
     highlight = {0: PALETTE[3], 5: PALETTE[0]}  # two logical chunks an ldmatrix might read
-    cw, ch = 54, 30
+    cw, ch = 48, 30
     x0, top = 80, 110
-    gap = 130
+    gap = 110
     x1 = x0 + chunks * cw + gap
     svg = Svg(x1 + chunks * cw + 40, top + rows * ch + 110, "XOR swizzle")
     svg.text(30, 24, f"One ldmatrix matrix reads the same 16-byte chunk of 8 rows (d = {head_dim}: "
