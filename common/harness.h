@@ -99,6 +99,7 @@ HostInputs make_inputs(const Problem& p, uint64_t seed, InputKind kind = InputKi
 float round_to(flash::DType dtype, float x);
 // Host floats as the bytes of a device tensor of dtype, and back.
 std::vector<unsigned char> encode(const std::vector<float>& x, flash::DType dtype);
+// The bytes of a device tensor of dtype as host floats: encode's inverse.
 std::vector<float> decode(const std::vector<unsigned char>& bytes, flash::DType dtype);
 
 // A device allocation that frees itself. Moves, never copies.
@@ -160,16 +161,19 @@ class DeviceBuffer {
 
 // A device tensor of any dtype: raw bytes that know their element type.
 struct DeviceTensor {
-  flash::DType dtype = flash::DType::kFp32;
-  DeviceBuffer<unsigned char> bytes;
+  flash::DType dtype = flash::DType::kFp32;  // the element type
+  DeviceBuffer<unsigned char> bytes;         // the elements, dtype_size(dtype) bytes each
   // count elements of dtype, uninitialized.
   DeviceTensor(flash::DType t, size_t count) : dtype(t), bytes(count * flash::dtype_size(t)) {}
   // A device copy of host, converted to dtype (exactly, for values make_inputs rounded to it).
   DeviceTensor(flash::DType t, const std::vector<float>& host) : dtype(t), bytes(encode(host, t)) {}
+  // The device pointer, to pass to a stage as a tensor of dtype.
   void* get() const { return bytes.get(); }
+  // Number of elements, not bytes.
   size_t size() const { return bytes.size() / flash::dtype_size(dtype); }
   // Every element NaN (all bits set is a NaN in fp32, fp16 and bf16 alike).
   void poison() { bytes.poison(); }
+  // A host copy, each element converted to float (exactly: every fp16/bf16 value is a float).
   std::vector<float> download() const { return decode(bytes.download(), dtype); }
 };
 
@@ -179,6 +183,7 @@ struct DeviceInputs {
   // Uploads every tensor of in, d_out included, as dtype.
   explicit DeviceInputs(const HostInputs& in, flash::DType dtype = flash::DType::kFp32)
       : q(dtype, in.q), k(dtype, in.k), v(dtype, in.v), d_out(dtype, in.d_out) {}
+  // The dtype every tensor was uploaded as.
   flash::DType dtype() const { return q.dtype; }
 };
 

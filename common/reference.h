@@ -30,12 +30,15 @@ ForwardRows forward_rows_in_dtype(const harness::Problem& p, const harness::Host
 // output's max error against the exact result may be at most twice that of PyTorch's attention in
 // the same dtype, plus a small absolute term. In C++ the PyTorch side is forward_rows_in_dtype.
 constexpr double kHalfErrorFactor = 2.0;
+// The absolute term of the rule: the bound is kHalfErrorFactor * baseline + kHalfErrorSlack.
 constexpr double kHalfErrorSlack = 1e-5;
+// What check_half_precision found: the stage's error, the baseline's, and the bound between them.
 struct HalfPrecisionCheck {
   harness::ErrorStats error;      // the stage's output against the exact fp64 result
   double baseline_max_abs = 0.0;  // forward_rows_in_dtype's max error against the exact result
   double bound = 0.0;             // kHalfErrorFactor * baseline_max_abs + kHalfErrorSlack
   ForwardRows exact;              // the fp64 rows, for the lse check
+  // True when every output is finite and the max error is within the bound.
   bool passes() const { return error.nonfinite == 0 && error.max_abs <= bound; }
 };
 // The rule applied to got_o, a stage's output at the picked rows ([rows.size(), head_dim]).

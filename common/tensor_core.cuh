@@ -51,6 +51,7 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&frag)[4], const void* row_ad
 template <typename Element>
 __device__ inline void mma_m16n8k16(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 
+// The fp16 instance: mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32.
 template <>
 __device__ inline void mma_m16n8k16<__half>(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -62,6 +63,7 @@ __device__ inline void mma_m16n8k16<__half>(float (&acc)[4], const uint32_t (&a)
 #endif
 }
 
+// The bf16 instance: mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32.
 template <>
 __device__ inline void mma_m16n8k16<__nv_bfloat16>(float (&acc)[4], const uint32_t (&a)[4], uint32_t b0,
                                                    uint32_t b1) {
@@ -79,12 +81,14 @@ __device__ inline void mma_m16n8k16<__nv_bfloat16>(float (&acc)[4], const uint32
 template <typename Element>
 __device__ inline uint32_t pack2(float lo, float hi);
 
+// Two fp32 values rounded to fp16 (to nearest even) in one register.
 template <>
 __device__ inline uint32_t pack2<__half>(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// Two fp32 values rounded to bf16 (to nearest even) in one register.
 template <>
 __device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);

@@ -18,6 +18,13 @@ same on every machine.
                           seq_q < seq_kv (bottom-right alignment)
   backward_passes.svg     stage 07: the dK/dV pass (per key tile) and the dQ pass (per query tile),
                           and the 16 x 16 thread grid over a 64 x 64 output tile
+  mma_fragments.svg       mma.sync m16n8k16 (stage 08): which lane holds which element of A, B and
+                          C/D, and in which register (the PTX ISA's layout, checked to cover each
+                          element exactly once)
+  p_in_registers.svg      stage 08: the S accumulators of two 8-key blocks are, lane for lane, the
+                          A operand of P for one 16-key step of O += P V
+  swizzle.svg             stage 09: one ldmatrix 8 x 8 matrix in a row-major tile (8 rows in one
+                          bank group) and in the XOR-swizzled tile (8 rows in 8 bank groups)
 """
 import argparse
 import pathlib
@@ -279,12 +286,232 @@ def backward_passes():
     return svg
 
 
+# ---------------------------------------------------------------------------------------------
+# Tensor cores (stages 08-10): the mma.sync m16n8k16 fragments, P in registers, the XOR swizzle
+# ---------------------------------------------------------------------------------------------
+
+# The fragment layouts of mma.sync.aligned.m16n8k16 with .f16/.bf16 inputs and .f32 accumulators,
+# as the PTX ISA gives them ("Matrix Fragments for mma.m16n8k16 with floating point type",
+# section 9.7.14.5.8 of PTX ISA 9.1): with g = lane >> 2 and t = lane % 4, element i of a lane's
+# fragment sits at (row, column) below. A has 8 elements per lane (a0..a7, two per 32-bit register),
+# B has 4 (b0..b3), C/D has 4 fp32 values (c0..c3, one per register).
+def mma_a_element(lane, i):
+    g, t = lane >> 2, lane % 4
+    row = g if (i < 2 or 4 <= i < 6) else g + 8
+    col = 2 * t + (i & 1) + (8 if i >= 4 else 0)
+    return row, col
+
+
+def mma_b_element(lane, i):
+    g, t = lane >> 2, lane % 4
+    row = 2 * t + (i & 1) + (8 if i >= 2 else 0)
+    return row, g
+
+
+def mma_c_element(lane, i):
+    g, t = lane >> 2, lane % 4
+    return (g if i < 2 else g + 8), 2 * t + (i & 1)
+
+
+def fragment_grid(rows, cols, element, per_lane):
+    """[row][col] -> (lane, i), checked: the 32 lanes' fragments cover every element exactly once."""
+    grid = [[None] * cols for _ in range(rows)]
+    for lane in range(32):
+        for i in range(per_lane):
+            r, c = element(lane, i)
+            if grid[r][c] is not None:
+                raise RuntimeError(f"element ({r}, {c}) is held by lanes {grid[r][c][0]} and {lane}")
+            grid[r][c] = (lane, i)
+    if any(cell is None for row in grid for cell in row):
+        raise RuntimeError("a fragment layout leaves an element to no lane")
+    return grid
+
+
+def mma_shape():
+    """(M, N, K) of the mma the stages use, from stage 08's constants; the layouts above are m16n8k16's."""
+    c = kernel_constants(8)
+    shape = (c["kWarpRows"], c["kMmaN"], c["kMmaK"])
+    if shape != (16, 8, 16):
+        raise RuntimeError(f"stage 08 uses an mma of shape {shape}; these diagrams draw m16n8k16")
+    return shape
+
+
+def draw_grid(svg, x, y, grid, cw, ch, colour, label=None, col_labels=True, row_labels=True):
+    """One cell per element: the owning lane's number on the colour of its register."""
+    for r, row in enumerate(grid):
+        for c, (lane, i) in enumerate(row):
+            svg.rect(x + c * cw, y + r * ch, cw - 1, ch - 1, colour(r, c, lane, i))
+            svg.text(x + c * cw + cw / 2 - 0.5, y + r * ch + ch / 2 + 3.5, label(lane, i) if label else str(lane),
+                     10, "middle", "#fff", "bold")
+        if row_labels:
+            svg.text(x - 5, y + r * ch + ch / 2 + 3.5, str(r), 9, "end", "#555")
+    if col_labels:
+        for c in range(len(grid[0])):
+            svg.text(x + c * cw + cw / 2 - 0.5, y - 5, str(c), 9, "middle", "#555")
+
+
+def mma_fragments():
+    m, n, k = mma_shape()
+    a = fragment_grid(m, k, mma_a_element, 8)
+    b = fragment_grid(k, n, mma_b_element, 4)
+    c = fragment_grid(m, n, mma_c_element, 4)
+    cw, ch = 26, 20
+    xa, xb, xc, top = 50, 50 + k * cw + 60, 50 + k * cw + 60 + n * cw + 70, 96
+    width = xc + n * cw + 100
+    svg = Svg(width, top + m * ch + 130, "mma.sync m16n8k16 fragment layouts")
+    svg.text(30, 24, f"mma.sync.aligned.m{m}n{n}k{k}: D ({m}×{n}, fp32) = A ({m}×{k}) · B ({k}×{n}) + C, "
+             "one warp", 14, weight="bold")
+    svg.text(30, 42, "Number in a cell: the lane that holds the element; colour: the register it is in. "
+             "g = lane / 4, t = lane % 4 (PTX ISA, mma.m16n8k16 fragments).", 11)
+    reg = lambda r, col, lane, i: PALETTE[i // 2]
+    panels = [(xa, a, f"A: {m} × {k}, row-major (query rows × dims for S = QKᵀ)", "row", "column (k)"),
+              (xb, b, f"B: {k} × {n} (k × n)", "row (k)", "column"),
+              (xc, c, f"C / D: {m} × {n} fp32", "row", "column")]
+    for x, grid, title, _, cols in panels:
+        svg.text(x, 66, title, 12, weight="bold")
+        svg.text(x, 80, cols + " →", 10, fill="#555")
+        draw_grid(svg, x, top, grid, cw, ch, reg)
+    legends = [
+        (xa, ["a[0]: A[g][2t], A[g][2t+1]", "a[1]: A[g+8][2t], A[g+8][2t+1]",
+              "a[2]: A[g][2t+8], A[g][2t+9]", "a[3]: A[g+8][2t+8], A[g+8][2t+9]"]),
+        (xb, ["b[0]: B[2t][g], B[2t+1][g]", "b[1]: B[2t+8][g], B[2t+9][g]"]),
+        (xc, ["c[0], c[1]: C[g][2t], C[g][2t+1]", "c[2], c[3]: C[g+8][2t], C[g+8][2t+1]"]),
+    ]
+    y0 = top + m * ch + 22
+    for x, lines in legends:
+        for j, line in enumerate(lines):
+            svg.rect(x, y0 + j * 18 - 10, 12, 12, PALETTE[j])
+            svg.text(x + 18, y0 + j * 18, line, 11)
+    svg.text(30, y0 + 4 * 18 + 12, "A and B: two 16-bit elements per 32-bit register, the lower column (A) or "
+             "row (B) in the low half. C/D: one fp32 value per register.", 11)
+    return svg
+
+
+def p_in_registers():
+    m, n, k = mma_shape()
+    c = fragment_grid(m, n, mma_c_element, 4)
+    a = fragment_grid(m, k, mma_a_element, 8)
+    # S for keys [k·ks, k·ks + k) is two accumulators, key blocks 2ks and 2ks + 1; lane l's a[2h + j]
+    # (h = key block, j = row half) is pack2 of its c[2j], c[2j + 1] of block h. Check it cell by cell.
+    blocks = k // n
+    s = [[None] * k for _ in range(m)]
+    for r in range(m):
+        for col in range(k):
+            h, kc = divmod(col, n)
+            lane, i = c[r][kc]
+            s[r][col] = (lane, i)
+            a_lane, a_i = a[r][col]
+            if a_lane != lane or a_i // 2 != 2 * h + i // 2 or a_i % 2 != i % 2:
+                raise RuntimeError(f"S accumulator and P's A operand differ at ({r}, {col})")
+    cw, ch = 26, 20
+    x0, x1, top = 50, 50 + k * cw + 130, 100
+    svg = Svg(x1 + k * cw + 40, top + m * ch + 120, "S accumulators are P's A operand")
+    svg.text(30, 24, f"P never leaves registers: S's accumulators for keys [{k}·ks, {k}·ks + {k}) are, lane for "
+             "lane, P's A operand", 14, weight="bold")
+    svg.text(30, 42, "Number: the lane holding the element; colour: the A-operand register it becomes. "
+             "Left, each lane's four fp32 accumulators of two 8-key blocks; right, its four packed registers.", 11)
+    a_reg = lambda r, col, lane, i: PALETTE[2 * (col // n) + i // 2]
+    svg.text(x0, 70, f"S = Q Kᵀ: {blocks} accumulators ({m} × {n} fp32 each)", 12, weight="bold")
+    for h in range(blocks):
+        svg.text(x0 + h * n * cw + n * cw / 2, 84, f"s[{blocks}ks + {h}]" if h else f"s[{blocks}ks]", 10,
+                 "middle", "#555")
+    draw_grid(svg, x0, top, s, cw, ch, a_reg, label=None, col_labels=False)
+    svg.line(x0 + n * cw - 0.5, top - 4, x0 + n * cw - 0.5, top + m * ch + 3, "#000", 2)
+    svg.text(x1, 70, f"P as the A operand ({m} × {k}, bf16/fp16)", 12, weight="bold")
+    svg.text(x1, 84, "keys of the k-step →", 10, fill="#555")
+    draw_grid(svg, x1, top, a, cw, ch, lambda r, col, lane, i: PALETTE[i // 2], col_labels=False)
+    ym = top + m * ch / 2
+    svg.line(x0 + k * cw + 14, ym, x1 - 18, ym, "#333", 2, arrow=True)
+    svg.text((x0 + k * cw + x1) / 2, ym - 10, "pack2: 2 fp32 →", 10, "middle")
+    svg.text((x0 + k * cw + x1) / 2, ym + 18, "1 register", 10, "middle")
+    y0 = top + m * ch + 24
+    lines = ["a[0] = pack2(s[2ks][0], s[2ks][1])    row g", "a[1] = pack2(s[2ks][2], s[2ks][3])    row g + 8",
+             "a[2] = pack2(s[2ks+1][0], s[2ks+1][1])    row g", "a[3] = pack2(s[2ks+1][2], s[2ks+1][3])    row g + 8"]
+    for j, line in enumerate(lines):
+        x = x0 if j % 2 == 0 else x0 + 420
+        y = y0 + (j // 2) * 18
+        svg.rect(x, y - 10, 12, 12, PALETTE[j])
+        svg.text(x + 18, y, line, 11)
+    svg.text(x0, y0 + 2 * 18 + 14, "No shuffle and no shared memory: the rounding to bf16/fp16 is the whole "
+             "conversion (stages/08_tensor_cores/tensor_cores.cu).", 11)
+    return svg
+
+
+def swizzled_chunk(row, chunk, chunks_per_row):
+    """Stage 09's `swizzled`, per 16-byte chunk: rows of at least 128 bytes XOR the chunk with row % 8;
+    shorter rows share a 128-byte window and use (row / rows_per_window) % chunks_per_row."""
+    rows_per_window = 1 if chunks_per_row >= 8 else 8 // chunks_per_row
+    patterns = 8 if chunks_per_row >= 8 else chunks_per_row
+    return chunk ^ ((row // rows_per_window) % patterns)
+
+
+def swizzle(head_dim=64):
+    c = kernel_constants(9)
+    vec = c["kVecElems"]              # 16-bit elements per 16-byte chunk
+    chunk_bytes = vec * 2
+    chunks = head_dim // vec          # chunks per tile row
+    row_bytes = head_dim * 2
+    rows = 8                          # one ldmatrix 8 x 8 matrix: 8 rows of one chunk each
+
+    def bank_group(row, physical_chunk):
+        """The four 4-byte banks a 16-byte chunk occupies, as the index of the first one / 4."""
+        return ((row * row_bytes + physical_chunk * chunk_bytes) // 4 % 32) // 4
+
+    highlight = {0: PALETTE[3], 5: PALETTE[0]}  # two logical chunks an ldmatrix might read
+    cw, ch = 48, 30
+    x0, top = 80, 110
+    gap = 110
+    x1 = x0 + chunks * cw + gap
+    svg = Svg(x1 + chunks * cw + 40, top + rows * ch + 110, "XOR swizzle")
+    svg.text(30, 24, f"One ldmatrix matrix reads the same 16-byte chunk of 8 rows (d = {head_dim}: "
+             f"{row_bytes}-byte rows, {chunks} chunks)", 14, weight="bold")
+    svg.text(30, 42, "Each cell is a 16-byte slot of shared memory; its label is the logical chunk stored there. "
+             "Columns are bank groups (4 banks of 4 bytes each).", 11)
+    panels = [(x0, "Row-major (stage 08): chunk c at slot c", lambda r, cc: cc),
+              (x1, "Swizzled (stage 09): chunk c at slot c XOR (row mod 8)",
+               lambda r, cc: swizzled_chunk(r, cc, chunks))]
+    for x, title, place in panels:
+        svg.text(x, 70, title, 12, weight="bold")
+        slot = {}
+        for r in range(rows):
+            for cc in range(chunks):
+                slot[(r, place(r, cc))] = cc
+        for p in range(chunks):
+            g = bank_group(0, p)
+            svg.text(x + p * cw + cw / 2, top - 8, f"{4 * g}–{4 * g + 3}", 9, "middle", "#555")
+        svg.text(x - 8, top - 8, "banks", 9, "end", "#555")
+        for r in range(rows):
+            svg.text(x - 8, top + r * ch + ch / 2 + 4, f"row {r}", 10, "end")
+            for p in range(chunks):
+                cc = slot[(r, p)]
+                fill = highlight.get(cc, "#e6e6e6")
+                svg.rect(x + p * cw, top + r * ch, cw - 2, ch - 2, fill)
+                svg.text(x + p * cw + cw / 2 - 1, top + r * ch + ch / 2 + 3, f"c{cc}", 10, "middle",
+                         "#fff" if cc in highlight else "#444", "bold" if cc in highlight else "normal")
+        y = top + rows * ch + 22
+        for n, (cc, colour) in enumerate(highlight.items()):
+            groups = {bank_group(r, place(r, cc)) for r in range(rows)}
+            passes = rows // len(groups)
+            svg.rect(x, y + n * 20 - 10, 12, 12, colour)
+            svg.text(x + 18, y + n * 20, f"chunk {cc} of rows 0–7: {len(groups)} bank group"
+                     f"{'s' if len(groups) > 1 else ''} → {passes} pass{'es' if passes > 1 else ''}" +
+                     (f" ({passes}-way conflict)" if passes > 1 else " (no conflict)"), 11)
+    svg.text(30, top + rows * ch + 82, "The same XOR is applied when the tile is written (cp.async, 16 bytes "
+             "per thread) and when it is read (ldmatrix), so a row's chunks are only permuted within the row: "
+             "no padding.", 11)
+    return svg
+
+
+
 DIAGRAMS = {
     "stage04_threads.svg": stage04_threads,
     "stage05_lanes.svg": stage05_lanes,
     "shuffle_butterfly.svg": shuffle_butterfly,
     "causal_tiles.svg": causal_tiles,
     "backward_passes.svg": backward_passes,
+    "mma_fragments.svg": mma_fragments,
+    "p_in_registers.svg": p_in_registers,
+    "swizzle.svg": swizzle,
 }
 
 
