@@ -1,6 +1,7 @@
 // stage10-variants: stage 10's kernel with other tile shapes, timed side by side on the
-// FlashAttention grid (B * N = 16384 tokens, H * d = 2048, bf16). Lesson 10 takes its table of
-// "what each choice buys" from this program's output; flash2.cu's shapes are the winners.
+// FlashAttention grid (B * N = 16384 tokens, H * d = 2048, bf16), with stages 09 and 10 as built
+// for reference. Lesson 10 takes its table of "what each choice buys" from this program's output;
+// flash2.cu's shapes are the winners.
 //
 //   build/bin/stage10-variants [--json]
 #include <cstdio>
@@ -10,6 +11,7 @@
 
 #include "flash2_kernel.cuh"
 #include "harness.h"
+#include "registry.h"
 
 namespace {
 
@@ -24,10 +26,19 @@ using Launch = flash::Status (*)(const void*, const void*, const void*, void*, f
                                  bool, cudaStream_t);
 
 struct Variant {
-  const char* name;  // warps x keys per tile, Q in registers or shared memory, blocks per SM
-  int head_dim;
+  const char* name;  // warps x rows x keys per tile, Q in registers or shared memory, blocks per SM
+  int head_dim;      // 0: every head_dim (a registered stage)
   Launch launch;
 };
+
+// A registered stage as a Variant: its own choice of shape for every head_dim.
+template <int kStage>
+flash::Status registered(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
+                         int heads_kv, int seq_q, int seq_kv, float scale, bool causal, cudaStream_t stream) {
+  const int head_dim = kHeadsTimesDim / heads_q;
+  return registry::find(kStage)->forward(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
+                                         causal, flash::DType::kBf16, nullptr, 0, stream);
+}
 
 template <int kHeadDim, int kWarps, int kWarpRows, int kBlockCols, bool kQInRegisters, int kMinBlocks>
 Variant variant(const char* name) {
@@ -37,12 +48,15 @@ Variant variant(const char* name) {
 
 const std::vector<Variant>& variants() {
   static const std::vector<Variant> all = {
-      variant<64, 4, 16, 64, true, 4>("4w x16r x 64k, Q regs, 4 blk/SM"),
+      {"stage 09 as built", 0, registered<9>},
+      {"stage 10 as built", 0, registered<10>},
+      variant<64, 4, 16, 64, true, 4>("4w x16r x 64k, Q regs, 4 blk/SM"),  // stage 09's shape
       variant<64, 8, 16, 64, true, 2>("8w x16r x 64k, Q regs, 2 blk/SM"),
       variant<64, 4, 32, 64, false, 2>("4w x32r x 64k, Q smem, 2 blk/SM"),
       variant<64, 4, 32, 64, true, 2>("4w x32r x 64k, Q regs, 2 blk/SM"),
       variant<64, 4, 32, 128, false, 1>("4w x32r x128k, Q smem, 1 blk/SM"),
       variant<64, 8, 32, 64, false, 1>("8w x32r x 64k, Q smem, 1 blk/SM"),
+      variant<128, 4, 16, 64, true, 1>("4w x16r x 64k, Q regs, 1 blk/SM"),  // stage 09's shape
       variant<128, 8, 16, 64, false, 2>("8w x16r x 64k, Q smem, 2 blk/SM"),
       variant<128, 4, 32, 32, false, 2>("4w x32r x 32k, Q smem, 2 blk/SM"),
       variant<128, 4, 32, 64, false, 1>("4w x32r x 64k, Q smem, 1 blk/SM"),
@@ -77,7 +91,7 @@ int main(int argc, char** argv) {
         harness::DeviceTensor o(p.dtype, static_cast<size_t>(p.q_elems()));
         harness::DeviceBuffer<float> lse(p.rows());
         for (const Variant& v : variants()) {
-          if (v.head_dim != head_dim) continue;
+          if (v.head_dim != 0 && v.head_dim != head_dim) continue;
           flash::Status status;
           const harness::Timing t = harness::time_cuda(
               [&] {
