@@ -432,6 +432,9 @@ static int run(const Options& opt) {
         std::printf("\nexercise %02d: this checks the forward only, which is stage %02d's; your backward in %s is\n"
                     "checked by ctest --test-dir build -L exercise%02d\n",
                     e.number, e.number, e.exercise_file, e.number);
+      else if (e.causal && !p.causal)
+        std::printf("\nexercise %02d: PASS without the causal mask your lines are about; run it with --causal\n",
+                    e.number);
       else
         std::printf("\nexercise %02d: PASS; compare its time with flash-stages --stage %d, then run\n"
                     "ctest --test-dir build -L exercise%02d for the whole test sweep\n",

@@ -67,10 +67,11 @@ __global__ void softmax_kernel(float* scores, float* lse, int seq_kv) {
   float* row = scores + static_cast<long long>(blockIdx.x) * seq_kv;
   // TODO(exercise): row_max must be the row's largest score, so that every exponent below is <= 0:
   //   each thread takes the max of the scores it owns (j = threadIdx.x, threadIdx.x + blockDim.x, ...),
-  //   then block_reduce combines the threads' maxima. As shipped every thread offers 0, so row_max is 0:
-  //   stage 01 again, right on ordinary inputs, NaN once a score passes ~88.7.
+  //   then block_reduce combines the threads' maxima. As shipped no thread offers a score: row_max is
+  //   the max of nothing, -inf, every exponent below is +inf and O is NaN. (A constant such as 0 in
+  //   its place would be stage 01 again: right on ordinary inputs, NaN once a score passes ~88.7.)
   //   Lesson: stages/02_safe_softmax/README.md, "Why subtracting the max is safe".
-  const float row_max = block_reduce(0.0f, Max{});  // placeholder
+  const float row_max = block_reduce(-INFINITY, Max{});  // placeholder
   // END TODO(exercise)
   float row_sum = 0.0f;
   for (int j = threadIdx.x; j < seq_kv; j += blockDim.x) row_sum += expf(row[j] - row_max);
