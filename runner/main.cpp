@@ -85,8 +85,8 @@ void usage(std::FILE* to) {
                "reference, and prints time, TFLOP/s and errors.\n"
                "\n"
                "  --stage N      run stage N only (and the stage it is checked against); --list shows them\n"
-               "  --exercise N   run your version of stage N, exercises/NN_name/ (exercises/README.md), checked\n"
-               "                 and timed as --stage N is\n"
+               "  --exercise N   run your version of stage N from exercises/NN_name/, checked and timed as\n"
+               "                 --stage N is; stages 1 to 7 have one (exercises/README.md)\n"
                "  --batch B      independent sequences (default 4)\n"
                "  --heads H      query heads (default 16)\n"
                "  --heads-kv H   key/value heads, a divisor of --heads: H for MHA, 1 for MQA (default --heads)\n"
@@ -191,8 +191,6 @@ Refusal parse(int argc, char** argv, Options* opt) {
     }
     else if (a == "--list") {
       for (const registry::Stage& s : registry::stages()) std::printf("%02d  %-16s %s\n", s.number, s.name, s.lesson);
-      std::printf("\nexercises (--exercise N): your version of the stage, its idea cut out\n");
-      for (const registry::Stage& s : registry::exercises()) std::printf("%02d  %-16s %s\n", s.number, s.name, s.exercise_file);
       std::exit(0);
     }
     else if (a == "--help" || a == "-h") { usage(stdout); std::exit(0); }
@@ -223,7 +221,7 @@ Refusal validate(const Options& opt) {
   if (opt.exercise != 0 && !registry::find_exercise(opt.exercise))
     return {kExitUsage, "--exercise " + std::to_string(opt.exercise) + ": no such exercise (" +
                             std::to_string(all.front().number) + " to " + std::to_string(all.back().number) +
-                            "; --list shows them)"};
+                            "; exercises/README.md lists them)"};
   if (p.heads_q % p.heads_kv != 0)
     return {kExitUsage, "--heads-kv " + std::to_string(p.heads_kv) + ": must divide --heads " +
                             std::to_string(p.heads_q)};
