@@ -7,6 +7,11 @@
 //       --benchmark_out=bench/results/stage03.json --benchmark_out_format=json   (one line)
 // (--benchmark_format=json prints the same to stdout.)
 //
+// The exercises (exercises/README.md) are timed as their stages are, under "exercise" names
+// (exercise05_warp_shuffle/d64/causal0), when the filter asks for them:
+//   build/bin/flash-stages-bench --benchmark_filter='(stage|exercise)05'
+// Left out otherwise: as shipped they compute wrong results, and a default run feeds the plots.
+//
 // Each case times every iteration with CUDA events and reports the median as the counter
 // median_ms; TFLOP/s and GB/s are computed from that median. One repetition of many iterations
 // rather than Repetitions(3): the O(N^2)-memory stages take about a second per call at N = 16384,
@@ -193,8 +198,13 @@ void bench_backward(benchmark::State& state, const registry::Stage& stage, int h
   }
 }
 
-void register_benchmarks() {
-  for (const registry::Stage& stage : registry::stages()) {
+void register_benchmarks(bool with_exercises) {
+  std::vector<const registry::Stage*> entries;
+  for (const registry::Stage& s : registry::stages()) entries.push_back(&s);
+  if (with_exercises)
+    for (const registry::Stage& s : registry::exercises()) entries.push_back(&s);
+  for (const registry::Stage* entry : entries) {
+    const registry::Stage& stage = *entry;
     for (flash::DType dtype : stage.dtypes)
     for (int head_dim : kHeadDims) {
       for (bool causal : {false, true}) {
@@ -202,8 +212,8 @@ void register_benchmarks() {
         if (!stage.supports(make_problem(kSeqLens.front(), head_dim, causal, dtype))) continue;
         // fp32 families keep their names (stage05_warp_shuffle/d64/causal0); half ones name the dtype.
         const std::string dtype_part = dtype == flash::DType::kFp32 ? "" : std::string("/") + flash::dtype_name(dtype);
-        const std::string name = std::string("stage") + stage.folder + dtype_part + "/d" + std::to_string(head_dim) +
-                                 "/causal" + (causal ? "1" : "0");
+        const std::string name = std::string(stage.is_exercise() ? "exercise" : "stage") + stage.folder +
+                                 dtype_part + "/d" + std::to_string(head_dim) + "/causal" + (causal ? "1" : "0");
         benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
             name.c_str(), [&stage, head_dim, causal, dtype](benchmark::State& state) {
               bench_forward(state, stage, head_dim, causal, dtype);
@@ -234,7 +244,7 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) benchmark::AddCustomContext("gpu", prop.name);
-  register_benchmarks();
+  register_benchmarks(benchmark::GetBenchmarkFilter().find("exercise") != std::string::npos);
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

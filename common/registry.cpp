@@ -14,6 +14,37 @@
 #include "09_swizzle_pipeline/swizzle_pipeline.h"
 #include "10_flash2/flash2.h"
 
+// The exercises' entry points. exercises/NN_name/*.cu is its stage's source compiled with
+// -DstageNN=exerciseNN (CMakeLists.txt), so it defines these with the types of stageNN's header.
+namespace exercise01 {
+decltype(stage01::forward) forward;
+decltype(stage01::forward_workspace_size) forward_workspace_size;
+}  // namespace exercise01
+namespace exercise02 {
+decltype(stage02::forward) forward;
+decltype(stage02::forward_workspace_size) forward_workspace_size;
+}  // namespace exercise02
+namespace exercise03 {
+decltype(stage03::forward) forward;
+decltype(stage03::forward_workspace_size) forward_workspace_size;
+}  // namespace exercise03
+namespace exercise04 {
+decltype(stage04::forward) forward;
+decltype(stage04::forward_workspace_size) forward_workspace_size;
+}  // namespace exercise04
+namespace exercise05 {
+decltype(stage05::forward) forward;
+decltype(stage05::forward_workspace_size) forward_workspace_size;
+}  // namespace exercise05
+namespace exercise06 {
+decltype(stage06::forward) forward;
+decltype(stage06::forward_workspace_size) forward_workspace_size;
+}  // namespace exercise06
+namespace exercise07 {  // the backward only: exercise 07's forward is stage 07's
+decltype(stage07::backward) backward;
+decltype(stage07::backward_workspace_size) backward_workspace_size;
+}  // namespace exercise07
+
 namespace registry {
 namespace {
 
@@ -67,6 +98,49 @@ const std::vector<Stage>& stages() {
        true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage10::forward, stage10::forward_workspace_size},
   };
   return all;
+}
+
+const std::vector<Stage>& exercises() {
+  // Stage `number`'s entry with the exercise's entry points and file in place of the stage's.
+  auto exercise = [](int number, ForwardFn forward, WorkspaceFn workspace_size, const char* file) {
+    Stage e = *find(number);
+    e.forward = forward;
+    e.forward_workspace_size = workspace_size;
+    e.exercise_file = file;
+    return e;
+  };
+  static const std::vector<Stage> all = [&] {
+    std::vector<Stage> list = {
+        exercise(1, fp32_forward<exercise01::forward>, exercise01::forward_workspace_size,
+                 "exercises/01_naive/naive.cu"),
+        exercise(2, fp32_forward<exercise02::forward>, exercise02::forward_workspace_size,
+                 "exercises/02_safe_softmax/safe_softmax.cu"),
+        exercise(3, fp32_forward<exercise03::forward>, exercise03::forward_workspace_size,
+                 "exercises/03_online_softmax/online_softmax.cu"),
+        exercise(4, fp32_forward<exercise04::forward>, exercise04::forward_workspace_size,
+                 "exercises/04_tiled/tiled.cu"),
+        exercise(5, fp32_forward<exercise05::forward>, exercise05::forward_workspace_size,
+                 "exercises/05_warp_shuffle/warp_shuffle.cu"),
+        exercise(6, fp32_forward<exercise06::forward>, exercise06::forward_workspace_size,
+                 "exercises/06_causal/causal.cu"),
+        exercise(7, fp32_forward<stage07::forward>, stage07::forward_workspace_size,
+                 "exercises/07_backward/backward.cu"),
+    };
+    list.back().backward = exercise07::backward;
+    list.back().backward_workspace_size = exercise07::backward_workspace_size;
+    return list;
+  }();
+  return all;
+}
+
+const Stage* find_exercise(int number) {
+  for (const Stage& s : exercises())
+    if (s.number == number) return &s;
+  return nullptr;
+}
+
+std::string Stage::label() const {
+  return std::string(is_exercise() ? "exercise" : "stage") + (number < 10 ? "0" : "") + std::to_string(number);
 }
 
 bool Stage::supports(const harness::Problem& p) const {

@@ -1,5 +1,6 @@
 // registry.h: the stages in course order, what each can do, and how to call it. Adding a stage to
-// the course is one folder plus one entry in registry.cpp.
+// the course is one folder plus one entry in registry.cpp. The exercises (exercises/README.md) are
+// entries of the same kind in a list of their own, so that everything that runs a stage runs them.
 #pragma once
 
 #include <cstddef>
@@ -40,6 +41,14 @@ struct Stage {
   WorkspaceFn forward_workspace_size;  // the bytes forward needs; never null
   BackwardFn backward = nullptr;  // null: the stage has no backward
   WorkspaceFn backward_workspace_size = nullptr;  // null exactly when backward is
+  // Exercises only: the file with the TODO(exercise) lines, from the repository root, e.g.
+  // "exercises/05_warp_shuffle/warp_shuffle.cu". Null for a stage.
+  const char* exercise_file = nullptr;
+
+  // Whether this is an entry of exercises(): a learner's copy of stage `number`.
+  bool is_exercise() const { return exercise_file != nullptr; }
+  // "stage05", or "exercise05" for an exercise: test names, ctest labels, benchmark names.
+  std::string label() const;
 
   // Whether forward accepts p: causal only where the stage has it, one of its head_dims and dtypes.
   bool supports(const harness::Problem& p) const;
@@ -59,6 +68,11 @@ struct Stage {
 const std::vector<Stage>& stages();
 // The stage with that number, or null when there is none.
 const Stage* find(int number);
+// The exercises, one for each of stages 01-07 and in that order: each is its stage's entry with the
+// forward (and backward) compiled from exercises/NN_name/ in place of the stage's, exercise_file set.
+const std::vector<Stage>& exercises();
+// The exercise of stage `number`, or null when there is none.
+const Stage* find_exercise(int number);
 // The nearest earlier stage that supports the same problem in some dtype (stage 08 in bf16 is
 // compared with stage 07 in fp32 on the same rounded inputs), or null for the first.
 const Stage* previous(const Stage& stage, const harness::Problem& p);
@@ -88,6 +102,8 @@ BackwardResult run_backward(const Stage& stage, const harness::Problem& p, const
                             float lse_offset = 0.0f);
 
 // How GoogleTest prints a stage in a failure message.
-inline void PrintTo(const Stage& s, std::ostream* os) { *os << "stage " << s.number << " (" << s.name << ")"; }
+inline void PrintTo(const Stage& s, std::ostream* os) {
+  *os << (s.is_exercise() ? "exercise " : "stage ") << s.number << " (" << s.name << ")";
+}
 
 }  // namespace registry

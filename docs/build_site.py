@@ -456,12 +456,26 @@ def page_lists(text, stages, theory, titles):
     return re.sub(r"<!-- theory -->.*?<!-- /theory -->", lambda m: pages, text, flags=re.S)
 
 
+def exercise_list(stages):
+    """The stages with an exercise (exercises/NN_name/, issue 13), for the lessons' page."""
+    with_exercise = [s for s in stages if (s.path.parent.parent / "exercises" / s.folder).is_dir()]
+    if not with_exercise:
+        return ""
+    items = "\n".join(f"- [{s.title}](@ref {s.label}): `exercises/{s.folder}/`, checked by "
+                      f"`ctest --test-dir build -L exercise{s.number:02d}`" for s in with_exercise)
+    return ("\n## Exercises with a test {#lessons_exercises}\n\n"
+            "Each of these stages has an exercise: a copy of its kernel with the lines that carry its idea cut "
+            "out, which the build runs through the stage's own tests, the runner (`flash-stages --exercise N`) "
+            "and the benchmark. `exercises/README.md` says how to work on one; the stage is the solution.\n\n"
+            + items + "\n")
+
+
 def section_pages(out, stages, theory, titles):
     """Two parent pages, so that the lessons and the theory each form a branch of the site's tree."""
     (out / "lessons.md").write_text(
         "# Lessons {#lessons}\n\nOne page per stage, in course order. Each ends with the diff of its kernel "
         "against the previous stage's, generated from the sources when the site is built.\n\n" +
-        "\n".join(f"- @subpage {s.label}" for s in stages) + "\n")
+        "\n".join(f"- @subpage {s.label}" for s in stages) + "\n" + exercise_list(stages))
     (out / "theory.md").write_text(
         "# Theory {#theory}\n\nThe ideas behind the stages, with the derivations the lessons lean on.\n\n" +
         "\n".join(f"{i}. @subpage {theory_label(p)}" for i, p in enumerate(theory, 1)) + "\n")

@@ -1,9 +1,12 @@
 // flash-stages: the course runner. Runs every stage on one problem, checks each against the stage
 // before it and against the fp64 reference, and prints what each idea bought.
 //
-//   flash-stages [--stage N] [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]
+//   flash-stages [--stage N | --exercise N] [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]
 //                [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32|fp16|bf16] [--runs R] [--json]
 //                [--list] [--help]
+//
+// --exercise N runs the learner's version of stage N (exercises/README.md) exactly as --stage N runs
+// the stage: the same checks against the stage before it and the reference, the same timing.
 //
 // Every option is checked before anything else happens, GPU or not: a bad one is named with its
 // value on stderr and the runner exits with kExitUsage or kExitCannotRun (with --json, the same as
@@ -44,6 +47,7 @@ constexpr double kFp16Agreement = 2e-3;
 struct Options {
   harness::Problem problem;
   int stage = 0;  // 0: all
+  int exercise = 0;  // not 0: that exercise alone, in place of the stages
   int runs = 20;
   bool json = false;
   bool dtype_given = false;  // false: each stage in its first dtype
@@ -74,13 +78,15 @@ struct Refusal {
 
 void usage(std::FILE* to) {
   std::fprintf(to,
-               "usage: flash-stages [--stage N] [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]\n"
-               "                    [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32|fp16|bf16] [--runs R] [--json]\n"
-               "                    [--list] [--help]\n"
+               "usage: flash-stages [--stage N | --exercise N] [--batch B] [--heads H] [--heads-kv H] [--seq N]\n"
+               "                    [--seq-q N] [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32|fp16|bf16]\n"
+               "                    [--runs R] [--json] [--list] [--help]\n"
                "Runs every stage (or one) on one problem, checks it against the previous stage and an fp64\n"
                "reference, and prints time, TFLOP/s and errors.\n"
                "\n"
                "  --stage N      run stage N only (and the stage it is checked against); --list shows them\n"
+               "  --exercise N   run your version of stage N from exercises/NN_name/, checked and timed as\n"
+               "                 --stage N is; stages 1 to 7 have one (exercises/README.md)\n"
                "  --batch B      independent sequences (default 4)\n"
                "  --heads H      query heads (default 16)\n"
                "  --heads-kv H   key/value heads, a divisor of --heads: H for MHA, 1 for MQA (default --heads)\n"
@@ -167,6 +173,7 @@ Refusal parse(int argc, char** argv, Options* opt) {
     };
     Refusal r;
     if (a == "--stage") r = value(&opt->stage);
+    else if (a == "--exercise") r = value(&opt->exercise);
     else if (a == "--batch") r = value(&p.batch);
     else if (a == "--heads") r = value(&p.heads_q);
     else if (a == "--heads-kv") r = value(&p.heads_kv);
@@ -199,11 +206,22 @@ Refusal parse(int argc, char** argv, Options* opt) {
 Refusal validate(const Options& opt) {
   harness::Problem p = opt.problem;
   if (opt.dtype_given) p.dtype = opt.dtype;
-  const std::vector<registry::Stage>& all = registry::stages();
+  const std::vector<registry::Stage>& all = opt.exercise != 0 ? registry::exercises() : registry::stages();
+  // What the messages call the selection: "stage 3" or "exercise 3".
+  const std::string selected = opt.exercise != 0 ? "exercise " + std::to_string(opt.exercise)
+                                                 : "stage " + std::to_string(opt.stage);
+  const int number = opt.exercise != 0 ? opt.exercise : opt.stage;
+  if (opt.exercise != 0 && opt.stage != 0)
+    return {kExitUsage, "--stage " + std::to_string(opt.stage) + " --exercise " + std::to_string(opt.exercise) +
+                            ": one or the other"};
   if (opt.stage != 0 && !registry::find(opt.stage))
     return {kExitUsage, "--stage " + std::to_string(opt.stage) + ": no such stage (" +
                             std::to_string(all.front().number) + " to " + std::to_string(all.back().number) +
                             "; --list shows them)"};
+  if (opt.exercise != 0 && !registry::find_exercise(opt.exercise))
+    return {kExitUsage, "--exercise " + std::to_string(opt.exercise) + ": no such exercise (" +
+                            std::to_string(all.front().number) + " to " + std::to_string(all.back().number) +
+                            "; exercises/README.md lists them)"};
   if (p.heads_q % p.heads_kv != 0)
     return {kExitUsage, "--heads-kv " + std::to_string(p.heads_kv) + ": must divide --heads " +
                             std::to_string(p.heads_q)};
@@ -215,10 +233,10 @@ Refusal validate(const Options& opt) {
                                 ": " + std::to_string(std::max(rows_q, rows_kv)) +
                                 " rows, more than the stages index (" + std::to_string(flash::kMaxDim) + ")"};
 
-  // The problem against the stages that would run: one stage when --stage is given, else any.
+  // The problem against the stages that would run: one stage (or exercise) when it is named, else any.
   std::vector<int> head_dims;
   for (const registry::Stage& s : all) {
-    if (opt.stage != 0 && s.number != opt.stage) continue;
+    if (number != 0 && s.number != number) continue;
     if (s.supports(opt.dtype_given ? p : s.in_own_dtype(p))) return {};
     if (opt.dtype_given && !s.has_dtype(opt.dtype)) continue;  // named below if no stage is left
     for (int d : s.head_dims)
@@ -226,22 +244,19 @@ Refusal validate(const Options& opt) {
   }
   if (head_dims.empty())
     return {kExitCannotRun, std::string("--dtype ") + flash::dtype_name(opt.dtype) + ": " +
-                                (opt.stage != 0 ? "stage " + std::to_string(opt.stage) + " does not have it"
-                                                : std::string("no stage has it"))};
+                                (number != 0 ? selected + " does not have it" : std::string("no stage has it"))};
   std::sort(head_dims.begin(), head_dims.end());
   if (std::find(head_dims.begin(), head_dims.end(), p.head_dim) == head_dims.end()) {
     std::string list;
     for (int d : head_dims) list += (list.empty() ? "" : ", ") + std::to_string(d);
-    const std::string who = opt.stage != 0 ? "stage " + std::to_string(opt.stage) + " does not support it"
-                                           : std::string("no stage supports it");
+    const std::string who = number != 0 ? selected + " does not support it" : std::string("no stage supports it");
     return {kExitCannotRun, "--head-dim " + std::to_string(p.head_dim) + ": " + who + " (head_dim: " + list + ")"};
   }
   // The head_dim is fine, so --causal is what the stage lacks.
   std::string causal_stages;
   for (const registry::Stage& s : all)
     if (s.causal) causal_stages += (causal_stages.empty() ? "" : ", ") + std::to_string(s.number);
-  return {kExitCannotRun, "--causal: stage " + std::to_string(opt.stage) + " has no causal mask (stages with one: " +
-                              causal_stages + ")"};
+  return {kExitCannotRun, "--causal: " + selected + " has no causal mask (stages with one: " + causal_stages + ")"};
 }
 
 struct Row {
@@ -294,8 +309,10 @@ static int run(const Options& opt) {
   std::vector<Row> rows;
   double baseline_ms = 0;
   bool all_pass = true;
-  for (const registry::Stage& s : registry::stages()) {
-    const bool selected = opt.stage == 0 || s.number == opt.stage;
+  const std::vector<registry::Stage>& entries = opt.exercise != 0 ? registry::exercises() : registry::stages();
+  const int number = opt.exercise != 0 ? opt.exercise : opt.stage;
+  for (const registry::Stage& s : entries) {
+    const bool selected = number == 0 || s.number == number;
     if (!selected) continue;
     const flash::DType dtype = opt.dtype_given ? opt.dtype : s.dtypes.front();
     Row row;
@@ -350,7 +367,7 @@ static int run(const Options& opt) {
           row.ms = t.median_ms;
           row.min_ms = t.min_ms;
           row.tflops = harness::forward_flops(p) / (t.median_ms * 1e-3) / 1e12;
-          if (s.number == 1) baseline_ms = t.median_ms;
+          if (s.number == 1 && !s.is_exercise()) baseline_ms = t.median_ms;
           row.speedup = baseline_ms > 0 ? baseline_ms / t.median_ms : 0;
           row.pass = ref_ok && (row.prev == 0 || row.vs_prev.within(prev_tolerance));
         }
@@ -367,12 +384,12 @@ static int run(const Options& opt) {
                 p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim, p.causal ? "true" : "false");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
-      std::printf("  {\"stage\": %d, \"name\": \"%s\", \"dtype\": \"%s\", \"status\": \"%s\", \"ms\": %.6g, \"min_ms\": %.6g, "
+      std::printf("  {\"stage\": %d, \"exercise\": %s, \"name\": \"%s\", \"dtype\": \"%s\", \"status\": \"%s\", \"ms\": %.6g, \"min_ms\": %.6g, "
                   "\"runs\": %d, \"tflops\": %.6g, "
                   "\"speedup_vs_01\": %.6g, \"previous\": %d, \"rel_l2_vs_previous\": %.6g, "
                   "\"rel_l2_vs_reference\": %.6g, \"max_abs_vs_reference\": %.6g, \"workspace_bytes\": %zu, "
                   "\"pass\": %s}%s\n",
-                  r.stage->number, r.stage->name, flash::dtype_name(r.dtype), r.status.c_str(), r.ms, r.min_ms, opt.runs, r.tflops, r.speedup, r.prev,
+                  r.stage->number, r.stage->is_exercise() ? "true" : "false", r.stage->name, flash::dtype_name(r.dtype), r.status.c_str(), r.ms, r.min_ms, opt.runs, r.tflops, r.speedup, r.prev,
                   r.vs_prev.rel_l2, r.vs_ref.rel_l2, r.vs_ref.max_abs, r.workspace, r.pass ? "true" : "false",
                   i + 1 < rows.size() ? "," : "");
     }
@@ -387,16 +404,39 @@ static int run(const Options& opt) {
     std::printf("%-5s %-16s %-5s %10s %9s %9s %-18s %-12s %14s  %s\n", "stage", "name", "dtype", "time_ms", "TFLOP/s",
                 "speedup", "err_vs_prev", "err_vs_ref", "workspace_B", "check");
     for (const Row& r : rows) {
+      // The first column: the stage's number, or "ex05" for an exercise.
+      char number[8];
+      std::snprintf(number, sizeof number, r.stage->is_exercise() ? "ex%02d" : "%d", r.stage->number);
       if (r.status != "ok") {
-        std::printf("%-5d %-16s %-5s %s\n", r.stage->number, r.stage->name, flash::dtype_name(r.dtype), r.status.c_str());
+        std::printf("%-5s %-16s %-5s %s\n", number, r.stage->name, flash::dtype_name(r.dtype), r.status.c_str());
         continue;
       }
       char prev[32] = "-";
       if (r.prev) std::snprintf(prev, sizeof prev, "%.1e (vs %02d)", r.vs_prev.rel_l2, r.prev);
       char speedup[16] = "-";  // stage 01 did not run (--stage N)
       if (r.speedup > 0) std::snprintf(speedup, sizeof speedup, "%.1fx", r.speedup);
-      std::printf("%-5d %-16s %-5s %10.3f %9.2f %9s %-18s %-12.1e %14zu  %s\n", r.stage->number, r.stage->name,
+      std::printf("%-5s %-16s %-5s %10.3f %9.2f %9s %-18s %-12.1e %14zu  %s\n", number, r.stage->name,
                   flash::dtype_name(r.dtype), r.ms, r.tflops, speedup, prev, r.vs_ref.rel_l2, r.workspace, r.pass ? "PASS" : "FAIL");
+    }
+    // An exercise: what its result means and where to go next.
+    for (const Row& r : rows) {
+      const registry::Stage& e = *r.stage;
+      if (!e.is_exercise() || r.status != "ok") continue;
+      if (!r.pass)
+        std::printf("\nexercise %02d: FAIL: fill in the TODO(exercise) lines of %s (lesson: stages/%s/README.md);\n"
+                    "ctest --test-dir build -L exercise%02d --output-on-failure says where it differs\n",
+                    e.number, e.exercise_file, e.folder, e.number);
+      else if (e.backward)
+        std::printf("\nexercise %02d: this checks the forward only, which is stage %02d's; your backward in %s is\n"
+                    "checked by ctest --test-dir build -L exercise%02d\n",
+                    e.number, e.number, e.exercise_file, e.number);
+      else if (e.causal && !p.causal)
+        std::printf("\nexercise %02d: PASS without the causal mask your lines are about; run it with --causal\n",
+                    e.number);
+      else
+        std::printf("\nexercise %02d: PASS; compare its time with flash-stages --stage %d, then run\n"
+                    "ctest --test-dir build -L exercise%02d for the whole test sweep\n",
+                    e.number, e.number, e.number);
     }
   }
   return all_pass ? 0 : 1;

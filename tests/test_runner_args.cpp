@@ -88,12 +88,19 @@ INSTANTIATE_TEST_SUITE_P(
         Refused{"--dtype fp64", kExitUsage, "--dtype fp64: not fp32, fp16 or bf16"},
         Refused{"--dtype fp16 --stage 3", kExitCannotRun, "--dtype fp16: stage 3 does not have it"},
         Refused{"--dtype fp32 --stage 8", kExitCannotRun, "--dtype fp32: stage 8 does not have it"},
-        Refused{"--batch 2147483647 --heads 2", kExitCannotRun, "more than the stages index"}));
+        Refused{"--batch 2147483647 --heads 2", kExitCannotRun, "more than the stages index"},
+        // Exercises: one of stages 01-07, alone, held to what its stage accepts.
+        Refused{"--exercise 0", kExitUsage, "--exercise 0: out of range"},
+        Refused{"--exercise 8", kExitUsage, "--exercise 8: no such exercise (1 to 7"},
+        Refused{"--exercise 3 --stage 2", kExitUsage, "--stage 2 --exercise 3: one or the other"},
+        Refused{"--exercise 3 --causal", kExitCannotRun, "--causal: exercise 3 has no causal mask"},
+        Refused{"--exercise 5 --head-dim 48", kExitCannotRun, "--head-dim 48: exercise 5 does not support it"},
+        Refused{"--exercise 5 --dtype bf16", kExitCannotRun, "--dtype bf16: exercise 5 does not have it"}));
 
 TEST(Runner, HelpDocumentsEveryOptionAndTheExitCodes) {
   const Result r = runner("--help", /*merge_stderr=*/false);
   EXPECT_EQ(r.exit_code, 0);
-  for (const char* option : {"--stage", "--batch", "--heads", "--heads-kv", "--seq", "--seq-q", "--seq-kv",
+  for (const char* option : {"--stage", "--exercise", "--batch", "--heads", "--heads-kv", "--seq", "--seq-q", "--seq-kv",
                              "--head-dim", "--causal", "--dtype", "--runs", "--json", "--list", "--help"})
     EXPECT_NE(r.out.find(option), std::string::npos) << option << " missing from --help:\n" << r.out;
   EXPECT_NE(r.out.find("Exit codes"), std::string::npos) << r.out;
@@ -103,6 +110,8 @@ TEST(Runner, ListNeedsNoGpu) {
   const Result r = runner("--list", /*merge_stderr=*/false);
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.out.rfind("01  naive", 0), 0u) << r.out;
+  // Stages only, one per line: scripts/gpu_check.sh runs each number it lists with --stage.
+  EXPECT_EQ(r.out.find("exercise"), std::string::npos) << r.out;
 }
 
 TEST(Runner, RefusalsAreJsonWithJson) {

@@ -5,13 +5,18 @@
 // inputs, across the dtype change from stage 07 (fp32) to stage 08.
 // Outputs are poisoned with NaN before each run, so an element a kernel forgets to write fails.
 // Without a GPU every test here skips with the reason.
+// The exercises (exercises/README.md) run through the same tests as their stages. As shipped they
+// fail, each failure naming the exercise and its file, until the learner's lines are right.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <tuple>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <sstream>
 
 #include "reference.h"
@@ -20,7 +25,10 @@
 
 namespace {
 
+using stage_params::exercise_prefix;
+using stage_params::see_todo;
 using stage_params::stage_label;
+using stage_params::stages_and_exercises;
 using stage_params::stages_where;
 
 // Problems below are written {batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, causal}.
@@ -61,17 +69,25 @@ constexpr double kReferenceMacs = 1 << 26;
 struct Case {
   int stage_number;
   harness::Problem problem;
+  bool exercise = false;  // the exercise of stage stage_number rather than the stage
 };
 
 // How GoogleTest prints a case in a failure message.
-void PrintTo(const Case& c, std::ostream* os) { *os << "stage " << c.stage_number << ", " << c.problem.describe(); }
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << (c.exercise ? "exercise " : "stage ") << c.stage_number << ", " << c.problem.describe();
+}
 
-const registry::Stage& stage_of(const Case& c) { return *registry::find(c.stage_number); }
+const registry::Stage& stage_of(const Case& c) {
+  return c.exercise ? *registry::find_exercise(c.stage_number) : *registry::find(c.stage_number);
+}
+
+// The case of stage (or exercise) s on problem p.
+Case case_of(const registry::Stage& s, const harness::Problem& p) { return {s.number, p, s.is_exercise()}; }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const harness::Problem& p = info.param.problem;
   std::ostringstream s;
-  s << stage_params::label(info.param.stage_number) << "_d" << p.head_dim << "_b"
+  s << stage_of(info.param).label() << "_d" << p.head_dim << "_b"
     << p.batch << "h" << p.heads_q << "kv" << p.heads_kv << "_q" << p.seq_q << "_k" << p.seq_kv
     << (p.causal ? "_causal" : "") << (p.dtype != flash::DType::kFp32 ? std::string("_") + flash::dtype_name(p.dtype) : "");
   return s.str();
@@ -87,14 +103,14 @@ std::vector<Case> sweep() {
   const int heads[][3] = {{1, 1, 1}, {2, 3, 3}, {2, 8, 2}, {4, 8, 1}};  // batch, heads_q, heads_kv
 
   std::vector<Case> cases;
-  for (const registry::Stage& stage : registry::stages())
-    for (flash::DType dtype : stage.dtypes)
+  for (const registry::Stage* entry : stages_and_exercises())
+    for (flash::DType dtype : entry->dtypes)
       for (int head_dim : {32, 64, 128})
         for (const auto& h : heads)
           for (const auto& [seq_q, seq_kv] : seqs)
             for (bool causal : {false, true}) {
               const harness::Problem p{h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal, 0.0f, dtype};
-              if (stage.supports(p)) cases.push_back({stage.number, p});
+              if (entry->supports(p)) cases.push_back(case_of(*entry, p));
             }
   return cases;
 }
@@ -104,24 +120,41 @@ void require_gpu() {
   if (!harness::gpu_available(&why)) GTEST_SKIP() << why;
 }
 
-class StageSweep : public ::testing::TestWithParam<Case> {
+// For an exercise, every failure of a test ends with a trace naming the exercise and its file.
+class ExerciseTrace {
  protected:
-  void SetUp() override { require_gpu(); }
+  void trace(const registry::Stage& s) {
+    if (s.is_exercise())
+      trace_ = std::make_unique<::testing::ScopedTrace>(
+          __FILE__, __LINE__, exercise_prefix(s) + "fill in the TODO(exercise) lines of " + s.exercise_file);
+  }
+
+ private:
+  std::unique_ptr<::testing::ScopedTrace> trace_;
+};
+
+class StageSweep : public ::testing::TestWithParam<Case>, protected ExerciseTrace {
+ protected:
+  void SetUp() override {
+    require_gpu();
+    trace(stage_of(GetParam()));
+  }
 };
 
 // O and lse at the picked rows against the fp64 reference: relative L2 for fp32 (or fp32_tolerance),
-// FlashAttention's max-error rule for a half dtype.
-void expect_matches_reference(const harness::Problem& p, const harness::HostInputs& host,
-                              const registry::ForwardResult& got, const std::vector<long long>& rows,
-                              double fp32_tolerance) {
+// FlashAttention's max-error rule for a half dtype. Messages of an exercise name it and its file.
+void expect_matches_reference(const registry::Stage& stage, const harness::Problem& p,
+                              const harness::HostInputs& host, const registry::ForwardResult& got,
+                              const std::vector<long long>& rows, double fp32_tolerance) {
+  const std::string who = exercise_prefix(stage), see = see_todo(stage);
   const std::vector<float> got_o = harness::gather_rows(got.o, rows, p.head_dim);
   const std::vector<float> got_lse = harness::gather_rows(got.lse, rows, 1);
   if (p.dtype == flash::DType::kFp32) {
     const reference::ForwardRows ref = reference::forward_rows(p, host, rows);
     const harness::ErrorStats o_err = harness::compare(got_o, ref.o);
-    EXPECT_TRUE(o_err.within(fp32_tolerance)) << "O vs reference: " << o_err.describe();
+    EXPECT_TRUE(o_err.within(fp32_tolerance)) << who << "O vs reference: " << o_err.describe() << see;
     const harness::ErrorStats lse_err = harness::compare(got_lse, ref.lse);
-    EXPECT_TRUE(lse_err.within(kFp32Tolerance)) << "lse vs reference: " << lse_err.describe();
+    EXPECT_TRUE(lse_err.within(kFp32Tolerance)) << who << "lse vs reference: " << lse_err.describe() << see;
     return;
   }
   const reference::HalfPrecisionCheck check = reference::check_half_precision(p, host, rows, got_o);
@@ -139,19 +172,21 @@ TEST_P(StageSweep, MatchesReferenceAndPreviousStage) {
 
   const registry::ForwardResult got = registry::run_forward(stage, p, host);
   ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
-  EXPECT_EQ(harness::count_nonfinite(got.o), 0u) << "unwritten or non-finite output";
+  EXPECT_EQ(harness::count_nonfinite(got.o), 0u)
+      << exercise_prefix(stage) << "unwritten or non-finite output" << see_todo(stage);
 
   const long long max_rows = std::max(64LL, static_cast<long long>(kReferenceMacs / (2.0 * p.seq_kv * p.head_dim)));
-  expect_matches_reference(p, host, got, harness::sample_rows(p.rows(), max_rows), kFp32Tolerance);
+  expect_matches_reference(stage, p, host, got, harness::sample_rows(p.rows(), max_rows), kFp32Tolerance);
 
   if (const registry::Stage* prev = registry::previous(stage, p)) {
     const registry::ForwardResult before = registry::run_forward(*prev, p, host);
     ASSERT_TRUE(before.status.ok()) << flash::to_string(before.status);
     const harness::ErrorStats prev_err = harness::compare(got.o, before.o);
     const double tolerance = agreement_tolerance(coarser(p.dtype, prev->in_own_dtype(p).dtype));
-    EXPECT_TRUE(prev_err.within(tolerance)) << "O vs stage " << prev->number << " in "
+    EXPECT_TRUE(prev_err.within(tolerance)) << exercise_prefix(stage) << "O vs stage " << prev->number << " in "
                                             << flash::dtype_name(prev->in_own_dtype(p).dtype) << ": "
-                                            << prev_err.describe() << " (allowed " << tolerance << ")";
+                                            << prev_err.describe() << " (allowed " << tolerance << ")"
+                                            << see_todo(stage);
   }
 }
 
@@ -160,21 +195,21 @@ INSTANTIATE_TEST_SUITE_P(Sweep, StageSweep, ::testing::ValuesIn(sweep()), case_n
 // Extreme inputs: scaled scores reach several hundred, past expf's overflow near 88.7.
 harness::Problem extreme_problem() { return {2, 3, 3, 129, 1000, 64, false}; }
 
-// "stage08_bf16" (fp32 stages: "stage05"): a case named by its stage and dtype only.
+// "stage08_bf16" (fp32 stages: "stage05", exercises "exercise05"): a case named by its stage and dtype only.
 std::string stage_dtype_name(const ::testing::TestParamInfo<Case>& info) {
   const flash::DType dtype = info.param.problem.dtype;
-  return stage_params::label(info.param.stage_number) +
+  return stage_of(info.param).label() +
          (dtype == flash::DType::kFp32 ? "" : std::string("_") + flash::dtype_name(dtype));
 }
 
-// One case per stage and dtype, for the tests that are not a sweep of shapes.
+// One case per stage (and exercise) and dtype, for the tests that are not a sweep of shapes.
 std::vector<Case> every_dtype(bool (*keep)(const registry::Stage&), harness::Problem p) {
   std::vector<Case> cases;
-  for (const registry::Stage& s : registry::stages())
-    if (keep(s))
-      for (flash::DType dtype : s.dtypes) {
+  for (const registry::Stage* s : stages_and_exercises())
+    if (keep(*s))
+      for (flash::DType dtype : s->dtypes) {
         p.dtype = dtype;
-        cases.push_back({s.number, p});
+        cases.push_back(case_of(*s, p));
       }
   return cases;
 }
@@ -194,10 +229,12 @@ class ExtremeInputs : public StageSweep {};
 TEST_P(ExtremeInputs, StayFiniteAndCorrect) {
   const harness::Problem& p = GetParam().problem;
   const harness::HostInputs host = harness::make_inputs(p, kSeed, harness::InputKind::kExtreme);
-  const registry::ForwardResult got = registry::run_forward(stage_of(GetParam()), p, host);
+  const registry::Stage& stage = stage_of(GetParam());
+  const registry::ForwardResult got = registry::run_forward(stage, p, host);
   ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
-  EXPECT_EQ(harness::count_nonfinite(got.o), 0u);
-  expect_matches_reference(p, host, got, harness::sample_rows(p.rows(), p.rows()), kExtremeTolerance);
+  EXPECT_EQ(harness::count_nonfinite(got.o), 0u)
+      << exercise_prefix(stage) << "non-finite output on extreme scores" << see_todo(stage);
+  expect_matches_reference(stage, p, host, got, harness::sample_rows(p.rows(), p.rows()), kExtremeTolerance);
 }
 
 // Every stage after 01, whose overflow is the point of its own test above, in each of its dtypes.
@@ -270,7 +307,7 @@ TEST_P(EveryStage, LongestSequenceRunsInLinearMemory) {
   const harness::HostInputs host = harness::make_inputs(p, kSeed);
   const registry::ForwardResult got = registry::run_forward(stage(), p, host);
   ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
-  expect_matches_reference(p, host, got, harness::sample_rows(p.rows(), 64), kFp32Tolerance);
+  expect_matches_reference(stage(), p, host, got, harness::sample_rows(p.rows(), 64), kFp32Tolerance);
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, EveryStage,
@@ -352,16 +389,17 @@ std::vector<Case> backward_sweep() {
                                       {256, 256}};
   const int heads[][3] = {{1, 1, 1}, {2, 3, 3}, {2, 8, 2}, {4, 8, 1}};
   std::vector<Case> cases;
-  for (const registry::Stage& stage : registry::stages()) {
+  for (const registry::Stage* entry : stages_and_exercises()) {
+    const registry::Stage& stage = *entry;
     if (!stage.backward) continue;
     for (int head_dim : {32, 64, 128})
       for (bool causal : {false, true}) {
         for (const auto& h : heads)
           for (const auto& [seq_q, seq_kv] : seqs) {
-            cases.push_back({stage.number, {h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal}});
+            cases.push_back(case_of(stage, {h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal}));
           }
         for (const auto& [seq_q, seq_kv] : {std::pair{1000, 1000}, {1024, 1000}, {1000, 2049}}) {
-          cases.push_back({stage.number, {1, 1, 1, seq_q, seq_kv, head_dim, causal}});
+          cases.push_back(case_of(stage, {1, 1, 1, seq_q, seq_kv, head_dim, causal}));
         }
       }
   }
@@ -383,7 +421,7 @@ TEST_P(BackwardSweep, MatchesReferenceGradients) {
     // fp32 rounding of dP - D is left, and there is no norm to be relative to: judge it absolutely.
     const bool exactly_zero = std::all_of(r->begin(), r->end(), [](double e) { return e == 0.0; });
     EXPECT_TRUE(exactly_zero ? err.nonfinite == 0 && err.max_abs < kBackwardTolerance : err.within(kBackwardTolerance))
-        << name << ": " << err.describe();
+        << exercise_prefix(stage) << name << " vs reference: " << err.describe() << see_todo(stage);
     char rel_l2[32];  // scientific: the errors are around 1e-6, below std::to_string's six decimals
     std::snprintf(rel_l2, sizeof rel_l2, "%.3e", err.rel_l2);
     RecordProperty(std::string(name) + "_rel_l2", rel_l2);
@@ -393,9 +431,12 @@ TEST_P(BackwardSweep, MatchesReferenceGradients) {
 INSTANTIATE_TEST_SUITE_P(Sweep, BackwardSweep, ::testing::ValuesIn(backward_sweep()), case_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BackwardSweep);
 
-class StageBackward : public ::testing::TestWithParam<registry::Stage> {
+class StageBackward : public ::testing::TestWithParam<registry::Stage>, protected ExerciseTrace {
  protected:
-  void SetUp() override { require_gpu(); }
+  void SetUp() override {
+    require_gpu();
+    trace(GetParam());
+  }
 };
 
 harness::Problem tiny_problem(bool causal) { return {1, 2, 1, 5, 7, 32, causal}; }
@@ -464,6 +505,56 @@ TEST_P(StageBackward, LongSequenceRunsInLinearMemory) {
   ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
   EXPECT_EQ(harness::count_nonfinite(got.dq) + harness::count_nonfinite(got.dk) + harness::count_nonfinite(got.dv), 0u);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Exercises: one line each at the end of the run
+// ---------------------------------------------------------------------------------------------
+
+// After the run, one line per exercise that had tests in it: how many failed and where to look, or
+// that all passed, or that none ran (no GPU). These are the last lines of
+// `ctest -L exercise05 --output-on-failure`; ctest's entry for an exercise stops at its first
+// failure (--gtest_fail_fast) and takes "exercise NN: not run" as its skip (tests/CMakeLists.txt).
+class ExerciseSummary : public ::testing::EmptyTestEventListener {
+  void OnTestProgramEnd(const ::testing::UnitTest& unit) override {
+    struct Count {
+      int failed = 0, passed = 0, skipped = 0;
+    };
+    std::map<int, Count> by_exercise;
+    for (int i = 0; i < unit.total_test_suite_count(); ++i) {
+      const ::testing::TestSuite& suite = *unit.GetTestSuite(i);
+      for (int j = 0; j < suite.total_test_count(); ++j) {
+        const ::testing::TestInfo& test = *suite.GetTestInfo(j);
+        const std::string name = test.name();
+        const size_t at = name.find("exercise");
+        if (!test.should_run() || at == std::string::npos || at + 10 > name.size()) continue;
+        Count& c = by_exercise[std::atoi(name.substr(at + 8, 2).c_str())];
+        if (test.result()->Failed()) ++c.failed;
+        else if (test.result()->Skipped()) ++c.skipped;
+        else ++c.passed;
+      }
+    }
+    for (const auto& [number, c] : by_exercise) {
+      const registry::Stage* e = registry::find_exercise(number);
+      if (!e) continue;
+      const std::string who = exercise_prefix(*e);
+      if (c.failed > 0)
+        std::printf("%s%d test(s) failed%s: fill in the TODO(exercise) lines of %s (lesson: stages/%s/README.md)\n",
+                    who.c_str(), c.failed, c.skipped > 0 ? " (the run stops at the first failure)" : "",
+                    e->exercise_file, e->folder);
+      else if (c.passed == 0)
+        std::printf("%snot run (%d test(s) skipped; the reason is above)\n", who.c_str(), c.skipped);
+      else
+        std::printf("%sall %d test(s) pass: your %s does what stage %02d does\n", who.c_str(), c.passed,
+                    e->exercise_file, number);
+    }
+    std::fflush(stdout);
+  }
+};
+
+const bool kExerciseSummaryAdded = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new ExerciseSummary);
+  return true;
+}();
 
 INSTANTIATE_TEST_SUITE_P(Stages, StageBackward,
                          ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return s.backward != nullptr; })),

@@ -1,9 +1,12 @@
 // Every stage checks its arguments before any launch, so these run on the host with fake (never
 // dereferenced) device pointers: a bad call must come back with the right status and a message
-// naming the argument, and must not touch the GPU.
+// naming the argument, and must not touch the GPU. The exercises (exercises/README.md) keep their
+// stages' launchers, so they are held to the same checks; below, their entries and files are too.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <fstream>
+#include <sstream>
 
 #include "registry.h"
 #include "stage_params.h"
@@ -194,7 +197,70 @@ TEST_P(StageWithBackward, BackwardChecksShapesAndWorkspace) {
   expect(w, flash::StatusCode::kWorkspaceTooSmall, "needs " + std::to_string(needed));
 }
 
-INSTANTIATE_TEST_SUITE_P(Stages, StageValidation, ::testing::ValuesIn(registry::stages()), stage_label);
+// ---------------------------------------------------------------------------------------------
+// Exercises: one per fp32 stage, the stage's entry with the learner's entry points
+// ---------------------------------------------------------------------------------------------
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Stages 01-07 (the fp32 course) each have an exercise.
+class StageHasExercise : public ::testing::TestWithParam<registry::Stage> {};
+TEST_P(StageHasExercise, ExerciseIsRegistered) {
+  EXPECT_NE(registry::find_exercise(GetParam().number), nullptr)
+      << "stage " << GetParam().number << " has no entry in registry::exercises()";
+}
+
+class ExerciseEntry : public ::testing::TestWithParam<registry::Stage> {
+ protected:
+  const registry::Stage& exercise() const { return GetParam(); }
+  const registry::Stage& stage() const { return *registry::find(GetParam().number); }
+};
+
+// What the exercise accepts is its stage's; only the entry points it copies differ.
+TEST_P(ExerciseEntry, MatchesItsStage) {
+  ASSERT_NE(registry::find(exercise().number), nullptr);
+  EXPECT_TRUE(exercise().is_exercise());
+  EXPECT_FALSE(stage().is_exercise());
+  EXPECT_STREQ(exercise().folder, stage().folder);
+  EXPECT_STREQ(exercise().name, stage().name);
+  EXPECT_EQ(exercise().causal, stage().causal);
+  EXPECT_EQ(exercise().dtypes, stage().dtypes);
+  EXPECT_EQ(exercise().head_dims, stage().head_dims);
+  EXPECT_EQ(exercise().backward != nullptr, stage().backward != nullptr);
+  if (exercise().backward)
+    EXPECT_NE(exercise().backward, stage().backward) << "the exercise's backward is the stage's";
+  else
+    EXPECT_NE(exercise().forward, stage().forward) << "the exercise's forward is the stage's";
+  EXPECT_EQ(exercise().label(), "exercise" + stage().label().substr(5));
+}
+
+// Its file is where the registry says, in exercises/<the stage's folder>/, with the TODO(exercise)
+// lines; and the stage's lesson links the exercise.
+TEST_P(ExerciseEntry, FileHasTodoAndLessonLinksIt) {
+  const std::string folder = std::string("exercises/") + exercise().folder;
+  EXPECT_EQ(std::string(exercise().exercise_file).rfind(folder, 0), 0u) << exercise().exercise_file;
+  const std::string text = read_file(std::string(FLASH_SOURCE_DIR) + "/" + exercise().exercise_file);
+  ASSERT_FALSE(text.empty()) << exercise().exercise_file << " is missing or empty";
+  EXPECT_NE(text.find("// TODO(exercise):"), std::string::npos) << exercise().exercise_file;
+  const std::string lesson = std::string("stages/") + exercise().folder + "/README.md";
+  const std::string readme = read_file(std::string(FLASH_SOURCE_DIR) + "/" + lesson);
+  EXPECT_NE(readme.find(folder), std::string::npos) << lesson << " does not link " << folder;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, StageHasExercise,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) {
+                           return !s.is_exercise() && s.dtypes == std::vector<flash::DType>{flash::DType::kFp32};
+                         })),
+                         stage_label);
+INSTANTIATE_TEST_SUITE_P(Exercises, ExerciseEntry, ::testing::ValuesIn(registry::exercises()), stage_label);
+
+INSTANTIATE_TEST_SUITE_P(Stages, StageValidation,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage&) { return true; })), stage_label);
 INSTANTIATE_TEST_SUITE_P(Stages, StageWithoutCausal,
                          ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return !s.causal; })),
                          stage_label);

@@ -1,0 +1,197 @@
+// Stage 04: tiles in shared memory, FlashAttention-2 loop order.
+//
+// Stage 03 gives every query row its own pass over K and V: for seq_q rows that is seq_q reads of
+// every K/V element from global memory (caches catch some of it). Here a block of kBlockRows query
+// rows loads each K/V tile of kBlockCols keys into shared memory once, and all its rows use it, so
+// K and V are read ceil(seq_q / kBlockRows) times instead of seq_q times. The loop order is
+// FlashAttention-2's: the query tile is the outer (parallel) dimension and stays put; K/V tiles
+// stream past it, so the output is written once and needs no cross-block rescaling.
+//
+// Per K/V tile the block takes three steps, each separated by a barrier:
+//   1. S = scale * Q K^T for the tile, every thread computing a few scores into shared memory;
+//   2. the online-softmax update, one thread per row: the tile's max and sum are merged into the
+//      row's running statistics exactly as stage 03 merges one key (flash::merge_softmax_stats);
+//   3. O = O * rescale + P V, each thread owning one output column of some rows, in registers.
+// Step 2 leaves most threads idle and every step waits on a __syncthreads(); stage 05 removes both.
+//
+// Shared memory budget (floats, head_dim d, Br = Bc = 32): Q tile Br*(d+1), K tile Bc*(d+1),
+// V tile Bc*d, scores Br*(Bc+1), plus 2*Br for row factors. For d = 128 that is 13,472 floats,
+// 52.6 KiB: over the 48 KiB a block gets by default, so the launcher raises the limit; an H100 SM has
+// 228 KiB, room for four such blocks.
+#include "tiled.h"
+
+namespace stage04 {
+namespace {
+
+constexpr int kBlockRows = 32;  // Br: query rows per block
+constexpr int kBlockCols = 32;  // Bc: keys per K/V tile
+constexpr int kThreads = 128;
+// One float of padding per row of the Q, K and S tiles. Threads of a warp read different rows at
+// the same column; with rows a multiple of 32 words long those reads would all hit one of the 32
+// banks and be served one after another.
+constexpr int kPad = 1;
+// The default dynamic shared memory a block may use without opting in.
+constexpr size_t kDefaultSharedLimit = 48 * 1024;
+
+template <int kHeadDim>
+struct SharedTiles {
+  float q[kBlockRows][kHeadDim + kPad];
+  float k[kBlockCols][kHeadDim + kPad];
+  float v[kBlockCols][kHeadDim];
+  float s[kBlockRows][kBlockCols + kPad];  // scores, then unnormalized probabilities
+  float rescale[kBlockRows];               // exp(old_max - new_max) of this tile, per row
+  float normalizer[kBlockRows];            // 1 / row_sum after the last tile
+};
+
+// Copies rows [first, first + kRows) of a [num_rows, kHeadDim] matrix into a shared tile, zeros
+// past num_rows. Consecutive threads read consecutive 16-byte float4s: coalesced.
+template <int kRows, int kHeadDim, int kStride>
+__device__ void load_tile(float (*tile)[kStride], const float* src, int first, int num_rows) {
+  constexpr int kVecsPerRow = kHeadDim / 4;
+  for (int e = threadIdx.x; e < kRows * kVecsPerRow; e += kThreads) {
+    const int r = e / kVecsPerRow;
+    const int c = (e % kVecsPerRow) * 4;
+    float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (first + r < num_rows) x = *reinterpret_cast<const float4*>(src + static_cast<long long>(first + r) * kHeadDim + c);
+    tile[r][c] = x.x;
+    tile[r][c + 1] = x.y;
+    tile[r][c + 2] = x.z;
+    tile[r][c + 3] = x.w;
+  }
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads)
+    tiled_attention_kernel(const float* q, const float* k, const float* v, float* o, float* lse, int heads_q,
+                           int heads_kv, int seq_q, int seq_kv, float scale, int num_q_tiles) {
+  extern __shared__ float4 shared_raw[];  // float4: 16-byte alignment for the tiles
+  SharedTiles<kHeadDim>& tile = *reinterpret_cast<SharedTiles<kHeadDim>*>(shared_raw);
+
+  // Block -> (batch*head, query tile), flattened on grid x so no grid dimension limit applies.
+  const long long bh = blockIdx.x / num_q_tiles;
+  const int first_row = static_cast<int>(blockIdx.x % num_q_tiles) * kBlockRows;
+  const int b = static_cast<int>(bh / heads_q);
+  const int h = static_cast<int>(bh % heads_q);
+  const long long kv_head = static_cast<long long>(b) * heads_kv + flash::kv_head_of(h, heads_q, heads_kv);
+  const float* k_head = k + kv_head * seq_kv * kHeadDim;
+  const float* v_head = v + kv_head * seq_kv * kHeadDim;
+  load_tile<kBlockRows, kHeadDim>(tile.q, q + bh * seq_q * kHeadDim, first_row, seq_q);
+
+  // Step 1 mapping: kScoreThreadsPerRow threads share a row, each taking every
+  // kScoreThreadsPerRow-th key of the tile.
+  constexpr int kScoreThreadsPerRow = kThreads / kBlockRows;
+  constexpr int kScoresPerThread = kBlockCols / kScoreThreadsPerRow;
+  const int score_row = threadIdx.x / kScoreThreadsPerRow;
+  const int score_col = threadIdx.x % kScoreThreadsPerRow;
+
+  // Step 3 mapping: thread owns output column out_col of rows out_row, out_row + kRowGroups, ...
+  constexpr int kRowGroups = kThreads / kHeadDim;
+  constexpr int kRowsPerThread = kBlockRows / kRowGroups;
+  const int out_col = threadIdx.x % kHeadDim;
+  const int out_row = threadIdx.x / kHeadDim;
+  float acc_o[kRowsPerThread] = {};
+
+  // Step 2 state: thread r < kBlockRows keeps row r's running statistics in registers.
+  flash::SoftmaxStats stats = flash::empty_softmax_stats();
+
+  for (int first_key = 0; first_key < seq_kv; first_key += kBlockCols) {
+    // TODO(exercise): bring this K/V tile into shared memory, once for the whole block: keys
+    //   [first_key, first_key + kBlockCols) of k_head into tile.k and of v_head into tile.v (load_tile above
+    //   copies rows with coalesced float4 reads and zero-fills past seq_kv). Then a barrier, so that no
+    //   thread reads a tile (nor the Q tile loaded before the loop) before every thread has written its
+    //   part. As shipped the tiles hold whatever shared memory held: O is garbage.
+    //   Lesson: stages/04_tiled/README.md, "What changes from stage 03" and "Global reads of K and V".
+    (void)k_head;  // placeholder: K and V never reach shared memory
+    (void)v_head;
+    // END TODO(exercise)
+
+    // 1. Scores. Keys past seq_kv get -inf, so exp turns them into 0.
+#pragma unroll
+    for (int j = 0; j < kScoresPerThread; ++j) {
+      const int key = score_col + j * kScoreThreadsPerRow;
+      float dot = 0.0f;
+#pragma unroll 16
+      for (int c = 0; c < kHeadDim; ++c) dot += tile.q[score_row][c] * tile.k[key][c];
+      tile.s[score_row][key] = first_key + key < seq_kv ? scale * dot : -INFINITY;
+    }
+    __syncthreads();
+
+    // 2. Online softmax over the tile. Every tile holds at least one real key, so tile_max is finite.
+    if (threadIdx.x < kBlockRows) {
+      float* s_row = tile.s[threadIdx.x];
+      float tile_max = -INFINITY;
+      for (int j = 0; j < kBlockCols; ++j) tile_max = fmaxf(tile_max, s_row[j]);
+      float tile_sum = 0.0f;
+      for (int j = 0; j < kBlockCols; ++j) tile_sum += (s_row[j] = expf(s_row[j] - tile_max));
+      float rescale_acc, rescale_tile;
+      stats = flash::merge_softmax_stats(stats, {tile_max, tile_sum}, &rescale_acc, &rescale_tile);
+      for (int j = 0; j < kBlockCols; ++j) s_row[j] *= rescale_tile;  // now exp(s - new row_max)
+      tile.rescale[threadIdx.x] = rescale_acc;
+    }
+    __syncthreads();
+
+    // 3. O = O * rescale + P V.
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      const int r = out_row + i * kRowGroups;
+      float acc = acc_o[i] * tile.rescale[r];
+#pragma unroll 8
+      for (int j = 0; j < kBlockCols; ++j) acc += tile.s[r][j] * tile.v[j][out_col];
+      acc_o[i] = acc;
+    }
+    __syncthreads();  // the next tile overwrites k, v and s
+  }
+
+  if (threadIdx.x < kBlockRows) {
+    tile.normalizer[threadIdx.x] = flash::softmax_normalizer(stats);
+    const int row = first_row + threadIdx.x;
+    if (lse && row < seq_q) lse[bh * seq_q + row] = flash::softmax_lse(stats);
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kRowsPerThread; ++i) {
+    const int r = out_row + i * kRowGroups;
+    if (first_row + r < seq_q)
+      o[(bh * seq_q + first_row + r) * kHeadDim + out_col] = acc_o[i] * tile.normalizer[r];
+  }
+}
+
+template <int kHeadDim>
+flash::Status launch(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
+                     int heads_kv, int seq_q, int seq_kv, float scale, cudaStream_t stream) {
+  const auto kernel = tiled_attention_kernel<kHeadDim>;
+  constexpr size_t kSharedBytes = sizeof(SharedTiles<kHeadDim>);
+  if (kSharedBytes > kDefaultSharedLimit) {
+    const flash::Status status = flash::cuda_status(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
+    if (!status.ok()) return status;
+  }
+  const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;
+  const long long blocks = static_cast<long long>(batch) * heads_q * num_q_tiles;
+  kernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(q, k, v, o, lse, heads_q, heads_kv, seq_q,
+                                                                             seq_kv, scale, num_q_tiles);
+  return flash::last_launch_status();
+}
+
+}  // namespace
+
+size_t forward_workspace_size(int, int, int, int, int, int) { return 0; }
+
+flash::Status forward(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
+                      int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, void* workspace,
+                      size_t workspace_bytes, cudaStream_t stream) {
+  flash::Status status =
+      flash::check_forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale);
+  if (!status.ok()) return status;
+  if (causal) return flash::make_status(flash::StatusCode::kNotSupported, "causal", 1);
+  status = flash::check_workspace(workspace, workspace_bytes, 0);
+  if (!status.ok()) return status;
+
+  switch (head_dim) {
+    case 32: return launch<32>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
+    case 64: return launch<64>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
+    default: return launch<128>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
+  }
+}
+
+}  // namespace stage04
