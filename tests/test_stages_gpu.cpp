@@ -291,7 +291,7 @@ TEST_P(EveryStage, AnyScaleMatchesReference) {
     const registry::ForwardResult got = registry::run_forward(stage(), p, host);
     ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
     SCOPED_TRACE("scale " + std::to_string(scale));
-    expect_matches_reference(p, host, got, harness::sample_rows(p.rows(), p.rows()), kFp32Tolerance);
+    expect_matches_reference(stage(), p, host, got, harness::sample_rows(p.rows(), p.rows()), kFp32Tolerance);
   }
 }
 
