@@ -231,10 +231,10 @@ def ncu_tensor_table(head_dim):
 
 
 def variants_table():
-    """Stage 10's kernel in each tile shape (bench/stage10_variants.cu's text output, both runs)."""
+    """Stage 10's kernel in each tile shape (bench/stage10_variants.cu's text output)."""
     line = re.compile(r"d(\d+)\s+causal=(\d) N=(\d+)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) TFLOP/s")
     tflops, shapes = {}, []
-    for name in ("h100_stage10_variants_16rows.txt", "h100_stage10_variants.txt"):
+    for name in ("h100_stage10_variants.txt",):
         for m in map(line.match, (RESULTS / name).read_text().splitlines()):
             if not m:
                 continue
@@ -249,14 +249,12 @@ def variants_table():
     for d, shape in sorted(shapes, key=lambda x: x[0]):
         cells = [f"{tflops[(d, shape, False, n)]:.1f}" if (d, shape, False, n) in tflops else "–" for n in seqs]
         last = tflops.get((d, shape, True, seqs[-1]))
-        lines.append(f"| {d} | {shape} | " + " | ".join(cells) + f" | {last:.1f} |" if last else " | – |")
+        lines.append(f"| {d} | {shape} | " + " | ".join(cells) + (f" | {last:.1f} |" if last else " | – |"))
     lines.append("")
     lines.append("bf16 forward TFLOP/s on the FlashAttention grid (B·N = 16384, H·d = 2048), not causal unless "
-                 "the column says so. The first file's shapes (16 rows per warp) were measured before rows per warp became "
-                 "a template parameter, the second file's with the kernel as committed; the shape measured in both "
-                 "appears twice. From "
-                 "`bench/results/h100_stage10_variants_16rows.txt` and `h100_stage10_variants.txt` "
-                 "(`build/bin/stage10-variants`).")
+                 "the column says so; \"as built\" is the registered stage with its own shape per head_dim. From "
+                 "`bench/results/h100_stage10_variants.txt` (`build/bin/stage10-variants`, run by "
+                 "`scripts/gpu_check_half.sh`).")
     return "\n".join(lines)
 
 
@@ -363,6 +361,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       half-geo/TAG/IMPL[/BASE]          geometric mean over d, causal and N >= 1024 of IMPL's speed over
                                         BASE's (default sdpa-flash) in that file, e.g. half-geo/bf16/stage10
       half-min/TAG/IMPL[/BASE]          the lowest cell of the same
+      ncu-tensor/dD/STAGE/WHAT         bank (shared-load conflicts), tensor (pipe %), short/long/barrier
+                                        (stalls per issue) of h100_ncu_tensor_dD_raw.csv
     """
     parts = spec.split("/")
     kind = parts[0]
@@ -403,6 +403,18 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
             return f"{metrics[stage][metric] / divisor:,.{decimals}f}"
         other = int(parts[4])
         return f"{metrics[stage][metric] / metrics[other][metric]:.1f}"
+    if kind == "ncu-tensor":  # ncu-tensor/dD/STAGE/bank|tensor: a figure of the tensor-core profile
+        d, stage, what = int(parts[1][1:]), int(parts[2]), parts[3]
+        metric = {"bank": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+                  "tensor": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+                  "short": "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
+                  "long": "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+                  "barrier": "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"}[what]
+        for r in csv.reader((RESULTS / f"h100_ncu_tensor_d{d}_raw.csv").open()):
+            if len(r) > 4 and r[0] == str(stage) and r[-3] == metric:
+                v = float(r[-1].replace(",", ""))
+                return f"{v:,.0f}" if what == "bank" else f"{v:.1f}" if what == "tensor" else f"{v:.2f}"
+        raise KeyError(spec)
     if kind in ("half", "half-geo", "half-min"):
         rows = {(r["impl"], r["head_dim"], r["causal"], r["seq"]): r
                 for r in json.loads((RESULTS / f"compare_h100_{parts[1]}.json").read_text())["results"]
