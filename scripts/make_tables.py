@@ -14,6 +14,7 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   runner      the course runner's table, verbatim
   compare     the stages against PyTorch's attention backends (bench/compare.py's table)
   backward-split  the time of each of stage 07's backward kernels (Nsight Compute)
+  ptxas-backward  registers and spills of stage 07's kernels (ptxas, bench/results/ptxas_sm90.txt)
   ncu-dNN     Nsight Compute metrics of the fused kernels (stages 03-06) at head_dim NN, one row per
               metric, one column per stage, from bench/results/h100_ncu_dNN.csv
               (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time
@@ -69,7 +70,8 @@ def load_bench(backward=False):
         if not m or "TFLOP/s" not in b or bool(m[5]) != backward:
             continue
         stage, name, d, causal, seq = int(m[1]), m[2], int(m[3]), m[4] == "1", int(m[6])
-        runs[(stage, d, causal, seq)] = {"name": name, "tflops": b["TFLOP/s"], "ms": b["median_ms"]}
+        runs[(stage, d, causal, seq)] = {"name": name, "tflops": b["TFLOP/s"], "ms": b["median_ms"],
+                                         "gib": b.get("workspace_bytes", 0) / 2 ** 30}
     return runs
 
 
@@ -281,12 +283,30 @@ def backward_split_table():
     return "\n".join(lines)
 
 
+def ptxas_backward_table():
+    """Registers and spills of stage 07's two main kernels, as ptxas reports them (ptxas_sm90.txt)."""
+    def cell(kernel, d):
+        f = {w: value(f"ptxas/07/{kernel}/d{d}/{w}", runs={}) for w in ("registers", "stack", "spill-stores", "spill-loads")}
+        if f["stack"] == f["spill-stores"] == f["spill-loads"] == "0":
+            return f"{f['registers']} registers, no spill"
+        return (f"{f['registers']} registers; {f['stack']}-byte stack frame, {f['spill-stores']} bytes of spill "
+                f"stores, {f['spill-loads']} of spill loads")
+    version = (RESULTS / "ptxas_sm90.txt").read_text().splitlines()[0]
+    lines = ["| kernel | d=64 | d=128 |", "|---|---|---|"]
+    for kernel, label in (("dk_dv_kernel", "2. dK, dV"), ("dq_kernel", "3. dQ")):
+        lines.append(f"| {label} | {cell(kernel, 64)} | {cell(kernel, 128)} |")
+    lines.append("")
+    lines.append(f"`nvcc -O3 -std=c++17 -arch=sm_90 -Xptxas -v` ({version.strip()}). From "
+                 f"`bench/results/ptxas_sm90.txt`, written by `scripts/ptxas_report.sh`.")
+    return "\n".join(lines)
+
+
 def tables():
     runs = load_bench()
     out = {"course": course_table(runs), "runner": runner_table(), "compare": compare_table(),
            "backward-split": backward_split_table(), "compare-bf16": compare_half_table("bf16"),
            "compare-fp16": compare_half_table("fp16"),
-           "stage10-variants": variants_table()}
+           "stage10-variants": variants_table(), "ptxas-backward": ptxas_backward_table()}
     for d in (64, 128):
         if (RESULTS / f"h100_ncu_tensor_d{d}_raw.csv").exists():
             out[f"ncu-tensor-d{d}"] = ncu_tensor_table(d)
@@ -345,7 +365,8 @@ def load_anchors():
 def value(spec, runs=None, backward=None, compare=None, anchors=None):
     """One measured figure, as text. The forms of SPEC (c0/c1: causal off/on; seq: N):
 
-      bench/SS/dD/cC/N/tflops|ms|peak   stage SS's forward on the course grid (peak: % of fp32 peak)
+      bench/SS/dD/cC/N/tflops|ms|peak|gib   stage SS's forward on the course grid (peak: % of fp32 peak;
+                                        gib: its workspace in GiB, the benchmark's workspace_bytes)
       bwd/SS/dD/cC/N/tflops|done        stage SS's backward (done: the rate of the 7 products it really does)
       speedup/AA/BB/dD                  TFLOP/s of stage BB over stage AA at the course problem
       causal/SS/dD                      causal time over non-causal time, stage SS, course problem
@@ -363,6 +384,25 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       half-min/TAG/IMPL[/BASE]          the lowest cell of the same
       ncu-tensor/dD/STAGE/WHAT         bank (shared-load conflicts), tensor (pipe %), short/long/barrier
                                         (stalls per issue) of h100_ncu_tensor_dD_raw.csv
+      ncu-raw/dD/SS/METRIC              that metric of h100_ncu_dD.csv as the profiler counted it (integer)
+      ncu-pct/dD/SS/METRIC_A/METRIC_B   100 x METRIC_A over METRIC_B of stage SS, in percent (2 decimals)
+      ncu-tflops/dD/SS/ffma|convention  TFLOP/s over the profiled kernel time: 2 x FFMA (the table's row), or
+                                        the FlashAttention convention's 4·B·H·N²·d of the profiled problem
+      ncu-warp-ffma/dD/SS               FFMA thread instructions / 32, in 10⁹ (warp-level FFMAs)
+      ncu-loads-per-ffma/dD/SS          warp-level shared loads per warp-level FFMA
+      ncu-warps-per-scheduler/dD/SS     achieved occupancy in warps per SM scheduler (64 warps, 4 schedulers)
+      ffma-split/dD/SS/qk|rest|chained  stage 05's FFMA count taken apart (lesson 05): qk = the FFMAs of
+                                        QK^T (three of every four of its multiply-adds), rest = the measured
+                                        count less qk, chained = rest plus all of QK^T's multiply-adds
+      bwd-split/dD/KERNEL/ms|share      a backward kernel's time (row_dot, dk_dv, dq) of h100_ncu_backward.csv,
+                                        or its share of the backward in percent
+      runner/SS/COLUMN                  a cell of h100_runner.txt (time_ms, tflops, err_vs_prev, err_vs_ref)
+      runner-max/AA-BB/COLUMN           the largest err_vs_ref (or other number column) of stages AA..BB
+      ptxas/SS/KERNEL/dD/WHAT           registers, stack, spill-stores, spill-loads of a kernel (e.g.
+                                        online_softmax_attention_kernel, dk_dv_kernel) in ptxas_sm90.txt
+      traffic-ms/SS/dD/PASSES           PASSES passes over stage SS's workspace at the course problem, in
+                                        ms at the copy rate of pytorch_anchors_h100.md
+      ratio/SPEC_A+SPEC_B               the figure SPEC_A over the figure SPEC_B (2 decimals)
     """
     parts = spec.split("/")
     kind = parts[0]
@@ -373,6 +413,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         r = src[(stage, d, c, n)]
         if what == "peak":
             return f"{100 * r['tflops'] / FP32_PEAK_TFLOPS:.0f}"
+        if what == "gib":
+            return f"{r['gib']:g}"
         if what == "done":  # stage 07's backward does 7 tile products where the convention counts 5
             return f"{r['tflops'] * 7 / 5:.1f}"
         return f"{r[what]:.2f}"
@@ -432,6 +474,70 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
     if kind == "anchor":
         anchors = anchors if anchors is not None else load_anchors()
         return anchors["/".join(parts[1:])]
+    if kind == "ratio":  # ratio/SPEC_A+SPEC_B
+        a, b = "/".join(parts[1:]).split("+")
+        args = dict(runs=runs, backward=backward, compare=compare, anchors=anchors)
+        return f"{float(value(a, **args).replace(',', '')) / float(value(b, **args).replace(',', '')):.2f}"
+    if kind.startswith("ncu-") or kind == "ffma-split":
+        d, stage = int(parts[1][1:]), int(parts[2])
+        m = load_ncu(d)[stage]
+        ffma, time_s = m["sm__sass_thread_inst_executed_op_ffma_pred_on.sum"], m["gpu__time_duration.sum"] * 1e-9
+        if kind == "ncu-raw":
+            return f"{m[parts[3]]:,.0f}"
+        if kind == "ncu-pct":
+            return f"{100 * m[parts[3]] / m[parts[4]]:.2f}"
+        if kind == "ncu-tflops":
+            flops = 2 * ffma if parts[3] == "ffma" else 4 * 4 * 16 * COURSE_SEQ ** 2 * d  # profiled: B 4, H 16
+            return f"{flops / time_s / 1e12:.2f}"
+        if kind == "ncu-warp-ffma":
+            return f"{ffma / 32 / 1e9:.1f}"
+        if kind == "ncu-loads-per-ffma":
+            return f"{m['smsp__inst_executed_op_shared_ld.sum'] / (ffma / 32):.1f}"
+        if kind == "ncu-warps-per-scheduler":
+            return f"{m['sm__warps_active.avg.pct_of_peak_sustained_active'] / 100 * 64 / 4:.1f}"
+        if kind == "ffma-split":
+            # The figures the lesson adds up, each rounded as printed (10⁹, one decimal).
+            qk_mads = round(2 * 4 * 16 * COURSE_SEQ ** 2 * d / 2 / 1e9, 1)  # half of 2·B·H·N²·d
+            qk = round(0.75 * qk_mads, 1)
+            rest = round(round(ffma / 1e9, 1) - qk, 1)
+            return f"{ {'qk': qk, 'rest': rest, 'chained': round(qk_mads + rest, 1)}[parts[3]]:.1f}"
+    if kind == "bwd-split":
+        d, name, what = int(parts[1][1:]), parts[2] + "_kernel", parts[3]
+        times = {}
+        for row in csv.reader(NCU_BACKWARD.open()):
+            if int(row[0]) == d:
+                times[next(k for k in ("row_dot_kernel", "dk_dv_kernel", "dq_kernel") if k in row[5])] = \
+                    float(row[-1].replace(",", "")) / 1e6
+        return f"{times[name]:.2f}" if what == "ms" else f"{100 * times[name] / sum(times.values()):.0f}"
+    if kind in ("runner", "runner-max"):
+        columns = ["stage", "name", "dtype", "time_ms", "tflops", "speedup", "err_vs_prev", "err_vs_ref"]
+        rows = {}
+        for line in RUNNER.read_text().splitlines():
+            m = re.match(r"(\d+)\s+(.+?)\s+(fp32|bf16|fp16)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+x)\s+"
+                         r"(-|\S+ \(vs \d+\))\s+(\S+)", line)
+            if m:
+                rows[int(m[1])] = dict(zip(columns, m.groups()))
+        if kind == "runner":
+            return rows[int(parts[1])][parts[2]].split(" ")[0]
+        first, last = map(int, parts[1].split("-"))
+        worst = max((rows[s][parts[2]] for s in range(first, last + 1)), key=float)
+        return worst
+    if kind == "ptxas":
+        stage, kernel, d, what = parts[1], parts[2], parts[3][1:], parts[4]
+        text = (RESULTS / "ptxas_sm90.txt").read_text()
+        entry = re.compile(r"Function properties for _ZN7stage(\d\d)\w*?_cu_[0-9a-f]{8}\d+([a-z_]+_kernel)"
+                           r"(?:ILi(\d+)E)?\w*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                           r"(\d+) bytes spill loads\nptxas info\s*: Used (\d+) registers")
+        for m in entry.finditer(text):
+            if (m[1], m[2], m[3] or "") == (stage, kernel, d):
+                return {"stack": m[4], "spill-stores": m[5], "spill-loads": m[6], "registers": m[7]}[what]
+        raise KeyError(spec)
+    if kind == "traffic-ms":  # traffic-ms/SS/dD/PASSES: passes over the workspace at the measured copy rate
+        stage, d, passes = int(parts[1]), int(parts[2][1:]), int(parts[3])
+        workspace = next(b["workspace_bytes"] for b in json.loads(BENCH.read_text())["benchmarks"]
+                         if b["name"].startswith(f"stage{stage:02d}_") and f"/d{d}/causal0/seq:{COURSE_SEQ}/" in b["name"])
+        copy = float((anchors if anchors is not None else load_anchors())["copy"])
+        return f"{passes * workspace / (copy * 1e12) * 1e3:.1f}"
     raise KeyError(spec)
 
 
