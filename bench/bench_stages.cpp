@@ -205,28 +205,30 @@ void register_benchmarks(bool with_exercises) {
     for (const registry::Stage& s : registry::exercises()) entries.push_back(&s);
   for (const registry::Stage* entry : entries) {
     const registry::Stage& stage = *entry;
-    for (flash::DType dtype : stage.dtypes)
-    for (int head_dim : kHeadDims) {
-      for (bool causal : {false, true}) {
-        // Every N shares head_dim and causal, so the first grid point decides support.
-        if (!stage.supports(make_problem(kSeqLens.front(), head_dim, causal, dtype))) continue;
-        // fp32 families keep their names (stage05_warp_shuffle/d64/causal0); half ones name the dtype.
-        const std::string dtype_part = dtype == flash::DType::kFp32 ? "" : std::string("/") + flash::dtype_name(dtype);
-        const std::string name = std::string(stage.is_exercise() ? "exercise" : "stage") + stage.folder +
-                                 dtype_part + "/d" + std::to_string(head_dim) + "/causal" + (causal ? "1" : "0");
-        benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
-            name.c_str(), [&stage, head_dim, causal, dtype](benchmark::State& state) {
-              bench_forward(state, stage, head_dim, causal, dtype);
-            });
-        b->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
-        for (int seq : kSeqLens) b->Arg(seq);
-        if (!stage.backward) continue;
-        benchmark::internal::Benchmark* bwd = benchmark::RegisterBenchmark(
-            (name + "/backward").c_str(), [&stage, head_dim, causal](benchmark::State& state) {
-              bench_backward(state, stage, head_dim, causal);
-            });
-        bwd->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
-        for (int seq : kSeqLens) bwd->Arg(seq);
+    for (flash::DType dtype : stage.dtypes) {
+      for (int head_dim : kHeadDims) {
+        for (bool causal : {false, true}) {
+          // Every N shares head_dim and causal, so the first grid point decides support.
+          if (!stage.supports(make_problem(kSeqLens.front(), head_dim, causal, dtype))) continue;
+          // fp32 families keep their names (stage05_warp_shuffle/d64/causal0); half ones name the dtype.
+          const std::string dtype_part =
+              dtype == flash::DType::kFp32 ? "" : std::string("/") + flash::dtype_name(dtype);
+          const std::string name = std::string(stage.is_exercise() ? "exercise" : "stage") + stage.folder +
+                                   dtype_part + "/d" + std::to_string(head_dim) + "/causal" + (causal ? "1" : "0");
+          benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
+              name.c_str(), [&stage, head_dim, causal, dtype](benchmark::State& state) {
+                bench_forward(state, stage, head_dim, causal, dtype);
+              });
+          b->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
+          for (int seq : kSeqLens) b->Arg(seq);
+          if (!stage.backward) continue;
+          benchmark::internal::Benchmark* bwd = benchmark::RegisterBenchmark(
+              (name + "/backward").c_str(), [&stage, head_dim, causal](benchmark::State& state) {
+                bench_backward(state, stage, head_dim, causal);
+              });
+          bwd->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
+          for (int seq : kSeqLens) bwd->Arg(seq);
+        }
       }
     }
   }

@@ -111,6 +111,12 @@ double forward_compulsory_bytes(const Problem& p) {
   return elems * flash::dtype_size(p.dtype) + p.rows() * sizeof(float);  // and lse
 }
 
+double agreement_tolerance(flash::DType a, flash::DType b) {
+  if (a == flash::DType::kBf16 || b == flash::DType::kBf16) return 1e-2;
+  if (a == flash::DType::kFp16 || b == flash::DType::kFp16) return 2e-3;
+  return 1e-5;
+}
+
 float round_to(flash::DType dtype, float x) {
   switch (dtype) {
     case flash::DType::kFp16: return __half2float(__float2half_rn(x));

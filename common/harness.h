@@ -47,7 +47,7 @@ GpuCheck check_gpu();
 // A CUDA version number (13000) as "13.0".
 std::string cuda_version_string(int version);
 
-// One attention problem: the shapes of the API plus scale and causal.
+// One attention problem: the shapes of the API plus scale, causal and the element type.
 struct Problem {
   int batch = 1;        // independent sequences
   int heads_q = 1;      // query heads; a multiple of heads_kv
@@ -94,6 +94,13 @@ struct HostInputs {
 // half-precision p.dtype every value is rounded to that dtype, so the fp64 reference and an fp32
 // stage see exactly the numbers a half stage reads.
 HostInputs make_inputs(const Problem& p, uint64_t seed, InputKind kind = InputKind::kNormal);
+
+// Relative L2 distance allowed between two stages' outputs on the same inputs (rounded to the
+// coarser dtype) when one runs in dtype a and the other in b. Each output element is rounded once
+// (at most half an ulp: 2^-9 relative in bf16, 2^-12 in fp16, about a third of that in RMS) and each
+// probability once before the PV product (averaging out over the keys): bf16 allows 1e-2 and fp16
+// 2e-3, four to seven times that sum; two fp32 stages differ only in summation order, 1e-5.
+double agreement_tolerance(flash::DType a, flash::DType b);
 
 // x rounded to the nearest value of dtype (round to nearest even), as a float; fp32 is unchanged.
 float round_to(flash::DType dtype, float x);

@@ -70,20 +70,20 @@ namespace {
 // output are each rounded to p.dtype where PyTorch's composite attention stores them in that dtype.
 ForwardRows forward_rows_impl(const harness::Problem& p, const harness::HostInputs& in,
                               const std::vector<long long>& rows, bool rounded) {
-  auto round = [&](double x) { return rounded ? static_cast<double>(harness::round_to(p.dtype, static_cast<float>(x))) : x; };
+  auto stored = [&](double x) { return rounded ? static_cast<double>(harness::round_to(p.dtype, static_cast<float>(x))) : x; };
   ForwardRows out;
   out.o.assign(rows.size() * p.head_dim, 0.0);
   out.lse.assign(rows.size(), 0.0);
   parallel_for(static_cast<long long>(rows.size()), [&](long long n) {
     const RowIndex r = index_row(p, rows[n]);
     std::vector<double> prob = row_scores(p, in, r);
-    for (double& s : prob) s = round(s);
+    for (double& s : prob) s = stored(s);
     out.lse[n] = softmax_in_place(prob);
-    for (double& x : prob) x = round(x);
+    for (double& x : prob) x = stored(x);
     for (int j = 0; j < r.key_end; ++j)
       for (int c = 0; c < p.head_dim; ++c)
         out.o[n * p.head_dim + c] += prob[j] * in.v[r.kv_offset + static_cast<long long>(j) * p.head_dim + c];
-    for (int c = 0; c < p.head_dim; ++c) out.o[n * p.head_dim + c] = round(out.o[n * p.head_dim + c]);
+    for (int c = 0; c < p.head_dim; ++c) out.o[n * p.head_dim + c] = stored(out.o[n * p.head_dim + c]);
   });
   return out;
 }

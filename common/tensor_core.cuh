@@ -1,7 +1,8 @@
 // tensor_core.cuh: the inline-PTX wrappers that stages 08 and later name in their lessons.
 //
-// Each wrapper is one PTX instruction (PTX ISA 8.x, "Warp-level matrix instructions" and "Data
-// movement: cp.async"), so the stages read as the algorithm and this file as the instruction set.
+// Each wrapper is one PTX instruction (PTX ISA, "Warp-level matrix instructions" and "Data movement
+// and conversion instructions: cp.async"; theory 11 cites the sections), so the stages read as the
+// algorithm and this file as the instruction set.
 // The fragment layouts the wrappers assume are drawn in docs/theory/11_tensor_cores.md. All of them
 // need compute capability 8.0 (mma.sync with bf16, ldmatrix, cp.async); a stage that uses them
 // checks the GPU before it launches.

@@ -39,10 +39,6 @@ constexpr double kFp32Tolerance = 1e-5;
 // The reference costs rows * seq_kv * head_dim * 4 flops in fp64 on the host; this many rows keep
 // it to a second or two while still sampling every head.
 constexpr long long kReferenceRows = 2048;
-// Relative L2 distance allowed from the previous stage when the coarser of the two rounds to bf16 or
-// fp16 (as tests/test_stages_gpu.cpp's agreement_tolerance, which explains the figures).
-constexpr double kBf16Agreement = 1e-2;
-constexpr double kFp16Agreement = 2e-3;
 
 struct Options {
   harness::Problem problem;
@@ -64,11 +60,6 @@ bool parse_dtype(const std::string& name, flash::DType* dtype) {
   return false;
 }
 
-double agreement_tolerance(flash::DType a, flash::DType b) {
-  if (a == flash::DType::kBf16 || b == flash::DType::kBf16) return kBf16Agreement;
-  if (a == flash::DType::kFp16 || b == flash::DType::kFp16) return kFp16Agreement;
-  return kFp32Tolerance;
-}
 
 // Why the runner refuses to go on: its exit code and a one-line message naming the option and value.
 struct Refusal {
@@ -350,7 +341,7 @@ static int run(const Options& opt) {
             if (before.status.ok()) {
               row.prev = prev->number;
               row.vs_prev = harness::compare(r.o, before.o);
-              prev_tolerance = agreement_tolerance(dtype, prev->in_own_dtype(p).dtype);
+              prev_tolerance = harness::agreement_tolerance(dtype, prev->in_own_dtype(p).dtype);
             }
           }
           harness::DeviceTensor o(dtype, static_cast<size_t>(p.q_elems()));
