@@ -70,7 +70,9 @@ namespace {
 // output are each rounded to p.dtype where PyTorch's composite attention stores them in that dtype.
 ForwardRows forward_rows_impl(const harness::Problem& p, const harness::HostInputs& in,
                               const std::vector<long long>& rows, bool rounded) {
-  auto stored = [&](double x) { return rounded ? static_cast<double>(harness::round_to(p.dtype, static_cast<float>(x))) : x; };
+  auto stored = [&](double x) {
+    return rounded ? static_cast<double>(harness::round_to(p.dtype, static_cast<float>(x))) : x;
+  };
   ForwardRows out;
   out.o.assign(rows.size() * p.head_dim, 0.0);
   out.lse.assign(rows.size(), 0.0);
