@@ -64,6 +64,10 @@ struct Status {
   long long value = 0;                     // the value it had
   long long required = 0;                  // workspace: the bytes needed; kHeadsNotDivisible: heads_kv
   cudaError_t cuda_error = cudaSuccess;    // CUDA's own error, set with kCudaError
+  // What the value had to be, in words (a string literal), where the code's own wording would be
+  // wrong for this stage: "64, 128" for the head_dims of a stage without 32, "1 to 16" for the
+  // query rows of the decoding stage. Null: the code's default wording.
+  const char* detail = nullptr;
 
   // True for kSuccess: every check passed and, for a launcher, the work was queued.
   bool ok() const { return code == StatusCode::kSuccess; }
@@ -76,6 +80,12 @@ inline Status make_status(StatusCode code, const char* argument, long long value
   s.argument = argument;
   s.value = value;
   s.required = required;
+  return s;
+}
+
+// s with its detail set (see Status::detail); detail is stored, not copied: pass a string literal.
+inline Status with_detail(Status s, const char* detail) {
+  s.detail = detail;
   return s;
 }
 
@@ -117,16 +127,20 @@ inline std::string to_string(const Status& s) {
   std::string msg = status_name(s.code);
   const std::string arg = s.argument ? s.argument : "?";
   const std::string val = std::to_string(s.value);
+  const std::string detail = s.detail ? s.detail : "";
   switch (s.code) {
     case StatusCode::kSuccess: break;
     case StatusCode::kNullPointer: msg += ": " + arg + " is null"; break;
-    case StatusCode::kInvalidDimension: msg += ": " + arg + " = " + val + " (must be >= 1 and fit the index range)"; break;
-    case StatusCode::kInvalidArgument: msg += ": " + arg + " must be finite"; break;
-    case StatusCode::kHeadDimNotSupported: msg += ": " + arg + " = " + val + " (supported: 32, 64, 128)"; break;
+    case StatusCode::kInvalidDimension:
+      msg += ": " + arg + " = " + val + " (" + (s.detail ? detail : "must be >= 1 and fit the index range") + ")"; break;
+    case StatusCode::kInvalidArgument:
+      msg += s.detail ? ": " + arg + " = " + val + " (" + detail + ")" : ": " + arg + " must be finite"; break;
+    case StatusCode::kHeadDimNotSupported:
+      msg += ": " + arg + " = " + val + " (supported: " + (s.detail ? detail : "32, 64, 128") + ")"; break;
     case StatusCode::kHeadsNotDivisible:
       msg += ": heads_q = " + val + ", heads_kv = " + std::to_string(s.required); break;
     case StatusCode::kMisalignedPointer: msg += ": " + arg + " is not 16-byte aligned"; break;
-    case StatusCode::kNotSupported: msg += ": " + arg + " = " + val; break;
+    case StatusCode::kNotSupported: msg += ": " + arg + " = " + val + (s.detail ? " (" + detail + ")" : ""); break;
     case StatusCode::kWorkspaceTooSmall:
       msg += ": " + arg + " = " + val + ", needs " + std::to_string(s.required); break;
     case StatusCode::kCudaError: msg += ": " + std::string(cudaGetErrorString(s.cuda_error)); break;

@@ -13,6 +13,7 @@
 #include "08_tensor_cores/tensor_cores.h"
 #include "09_swizzle_pipeline/swizzle_pipeline.h"
 #include "10_flash2/flash2.h"
+#include "13_decoding/decoding.h"
 
 // The exercises' entry points. exercises/NN_name/*.cu is its stage's source compiled with
 // -DstageNN=exerciseNN (CMakeLists.txt), so it defines these with the types of stageNN's header.
@@ -96,8 +97,26 @@ const std::vector<Stage>& stages() {
       {10, "10_flash2", "flash2",
        "FlashAttention-2 tuning: exp2 with log2(e) folded in, a tile shape per head_dim, longest causal tiles first",
        true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage10::forward, stage10::forward_workspace_size},
+      // 11 (backward on the tensor cores) and 12 (Hopper) are planned; 13 keeps its number.
+      {13, "13_decoding", "decoding",
+       "split-KV decoding: a few new queries against a long (and paged) KV cache, split across blocks, merged as in 03",
+       true, {DType::kBf16, DType::kFp16}, {64, 128}, stage13::forward, stage13::forward_workspace_size, nullptr,
+       nullptr, nullptr, stage13::kMaxSeqQ, stage13::forward_paged, stage13::forward_paged_workspace_size},
   };
   return all;
+}
+
+std::string stage_numbers() {
+  std::string list;
+  const std::vector<Stage>& all = stages();
+  for (size_t i = 0; i < all.size(); ++i) {
+    size_t last = i;  // the end of a run of consecutive numbers
+    while (last + 1 < all.size() && all[last + 1].number == all[last].number + 1) ++last;
+    list += (list.empty() ? "" : ", ") + std::to_string(all[i].number);
+    if (last > i) list += " to " + std::to_string(all[last].number);
+    i = last;
+  }
+  return list;
 }
 
 const std::vector<Stage>& exercises() {
@@ -144,7 +163,7 @@ std::string Stage::label() const {
 }
 
 bool Stage::supports(const harness::Problem& p) const {
-  return (causal || !p.causal) && has_dtype(p.dtype) &&
+  return (causal || !p.causal) && has_dtype(p.dtype) && (max_seq_q == 0 || p.seq_q <= max_seq_q) &&
          std::find(head_dims.begin(), head_dims.end(), p.head_dim) != head_dims.end();
 }
 

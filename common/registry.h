@@ -22,6 +22,17 @@ using ForwardFn = flash::Status (*)(const void* q, const void* k, const void* v,
                                     cudaStream_t stream);
 // The workspace bytes a stage's forward or backward needs for these sizes.
 using WorkspaceFn = size_t (*)(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
+// The forward over a paged K/V cache (stage 13): K and V in pages [num_pages, page_size, heads_kv,
+// head_dim], page_table [batch, max_pages_per_seq] and cache_lens [batch] int32 on the device.
+using PagedForwardFn = flash::Status (*)(const void* q, const void* k_pages, const void* v_pages,
+                                         const int* page_table, const int* cache_lens, void* o, float* lse,
+                                         int batch, int heads_q, int heads_kv, int seq_q, int head_dim,
+                                         int page_size, int num_pages, int max_pages_per_seq, float scale,
+                                         bool causal, flash::DType dtype, void* workspace, size_t workspace_bytes,
+                                         cudaStream_t stream);
+// The workspace bytes of PagedForwardFn for these sizes.
+using PagedWorkspaceFn = size_t (*)(int batch, int heads_q, int heads_kv, int seq_q, int head_dim, int page_size,
+                                    int max_pages_per_seq);
 // dQ, dK, dV from dO, given the forward's O and lse (stage 07 on).
 using BackwardFn = flash::Status (*)(const float* q, const float* k, const float* v, const float* o, const float* lse,
                                      const float* d_o, float* dq, float* dk, float* dv, int batch, int heads_q,
@@ -44,13 +55,20 @@ struct Stage {
   // Exercises only: the file with the TODO(exercise) lines, from the repository root, e.g.
   // "exercises/05_warp_shuffle/warp_shuffle.cu". Null for a stage.
   const char* exercise_file = nullptr;
+  // The most query rows per head it takes; 0: any. A decoding stage (13) takes a few new queries
+  // against a long cache: the runner, the tests and the benchmark give it decode shapes of their own.
+  int max_seq_q = 0;
+  // A second entry point over a paged K/V cache; null for the stages without one.
+  PagedForwardFn forward_paged = nullptr;
+  PagedWorkspaceFn forward_paged_workspace_size = nullptr;  // null exactly when forward_paged is
 
   // Whether this is an entry of exercises(): a learner's copy of stage `number`.
   bool is_exercise() const { return exercise_file != nullptr; }
   // "stage05", or "exercise05" for an exercise: test names, ctest labels, benchmark names.
   std::string label() const;
 
-  // Whether forward accepts p: causal only where the stage has it, one of its head_dims and dtypes.
+  // Whether forward accepts p: causal only where the stage has it, one of its head_dims and dtypes,
+  // seq_q up to max_seq_q where the stage has a limit.
   bool supports(const harness::Problem& p) const;
   // Whether p's dtype is one of dtypes.
   bool has_dtype(flash::DType dtype) const;
@@ -65,7 +83,10 @@ struct Stage {
 };
 
 // Every stage in course order, built on first use; the references stay valid until the program ends.
+// The numbers have gaps where a planned stage is not written yet (11 and 12 come before 13).
 const std::vector<Stage>& stages();
+// The stage numbers for a message: runs of consecutive numbers joined, e.g. "1 to 10, 13".
+std::string stage_numbers();
 // The stage with that number, or null when there is none.
 const Stage* find(int number);
 // The exercises, one for each of stages 01-07 and in that order: each is its stage's entry with the

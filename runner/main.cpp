@@ -81,7 +81,8 @@ void usage(std::FILE* to) {
                "  --batch B      independent sequences (default 4)\n"
                "  --heads H      query heads (default 16)\n"
                "  --heads-kv H   key/value heads, a divisor of --heads: H for MHA, 1 for MQA (default --heads)\n"
-               "  --seq N        query and key length (default 1024); --seq-q, --seq-kv set one of them\n"
+               "  --seq N        query and key length (default 1024); --seq-q, --seq-kv set one of them.\n"
+               "                 Stage 13 (decoding) takes up to 16 query rows: --stage 13 --seq-q 1 --seq-kv 4096\n"
                "  --head-dim D   width of a head: 32, 64 or 128 (default 64)\n"
                "  --causal       bottom-right aligned causal mask (the stages that have one)\n"
                "  --dtype T      element type, fp32, fp16 or bf16: only the stages that have it run (default: each\n"
@@ -206,8 +207,7 @@ Refusal validate(const Options& opt) {
     return {kExitUsage, "--stage " + std::to_string(opt.stage) + " --exercise " + std::to_string(opt.exercise) +
                             ": one or the other"};
   if (opt.stage != 0 && !registry::find(opt.stage))
-    return {kExitUsage, "--stage " + std::to_string(opt.stage) + ": no such stage (" +
-                            std::to_string(all.front().number) + " to " + std::to_string(all.back().number) +
+    return {kExitUsage, "--stage " + std::to_string(opt.stage) + ": no such stage (" + registry::stage_numbers() +
                             "; --list shows them)"};
   if (opt.exercise != 0 && !registry::find_exercise(opt.exercise))
     return {kExitUsage, "--exercise " + std::to_string(opt.exercise) + ": no such exercise (" +
@@ -226,12 +226,17 @@ Refusal validate(const Options& opt) {
 
   // The problem against the stages that would run: one stage (or exercise) when it is named, else any.
   std::vector<int> head_dims;
+  const registry::Stage* decoding = nullptr;  // a stage that would run it with fewer query rows
   for (const registry::Stage& s : all) {
     if (number != 0 && s.number != number) continue;
-    if (s.supports(opt.dtype_given ? p : s.in_own_dtype(p))) return {};
+    const harness::Problem own = opt.dtype_given ? p : s.in_own_dtype(p);
+    if (s.supports(own)) return {};
     if (opt.dtype_given && !s.has_dtype(opt.dtype)) continue;  // named below if no stage is left
     for (int d : s.head_dims)
       if (std::find(head_dims.begin(), head_dims.end(), d) == head_dims.end()) head_dims.push_back(d);
+    harness::Problem one_row = own;
+    one_row.seq_q = 1;
+    if (s.max_seq_q != 0 && p.seq_q > s.max_seq_q && s.supports(one_row)) decoding = &s;
   }
   if (head_dims.empty())
     return {kExitCannotRun, std::string("--dtype ") + flash::dtype_name(opt.dtype) + ": " +
@@ -243,15 +248,32 @@ Refusal validate(const Options& opt) {
     const std::string who = number != 0 ? selected + " does not support it" : std::string("no stage supports it");
     return {kExitCannotRun, "--head-dim " + std::to_string(p.head_dim) + ": " + who + " (head_dim: " + list + ")"};
   }
-  // The head_dim is fine, so --causal is what the stage lacks.
+  if (decoding)
+    return {kExitCannotRun, "--seq-q " + std::to_string(p.seq_q) + ": " + selected + " takes at most " +
+                                std::to_string(decoding->max_seq_q) +
+                                " query rows, it is a decoding stage (try --seq-q 1 --seq-kv 4096)"};
+  // The head_dim and seq_q are fine, so --causal is what the stage lacks.
   std::string causal_stages;
   for (const registry::Stage& s : all)
     if (s.causal) causal_stages += (causal_stages.empty() ? "" : ", ") + std::to_string(s.number);
   return {kExitCannotRun, "--causal: " + selected + " has no causal mask (stages with one: " + causal_stages + ")"};
 }
 
+// Why a stage does not run the problem when it does not, or "" when it does: the dtype, head_dim or
+// causal mask it lacks, or the query rows past a decoding stage's limit.
+std::string skip_reason(const registry::Stage& s, const harness::Problem& p) {
+  if (s.supports(p)) return "";
+  harness::Problem one_row = p;
+  one_row.seq_q = 1;
+  if (s.max_seq_q != 0 && p.seq_q > s.max_seq_q && s.supports(one_row))
+    return "not run: seq_q " + std::to_string(p.seq_q) + " > " + std::to_string(s.max_seq_q) +
+           ", a decoding stage (flash-stages --stage " + std::to_string(s.number) + " --seq-q 1 --seq-kv 4096)";
+  return "not supported";
+}
+
 struct Row {
   const registry::Stage* stage = nullptr;
+  bool skipped = false;       // the stage does not take this problem (status says why)
   std::string status = "ok";  // "ok", or why it did not run
   double ms = 0, min_ms = 0, tflops = 0, speedup = 0;  // ms: median; min_ms shows the spread
   harness::ErrorStats vs_prev, vs_ref;
@@ -313,7 +335,8 @@ static int run(const Options& opt) {
     const harness::Problem& p = data.problem;
     row.workspace = s.workspace_bytes(p);
     if (!s.supports(p)) {
-      row.status = "not supported";
+      row.status = skip_reason(s, p);
+      row.skipped = true;
     } else {
       size_t free_bytes = 0, total_bytes = 0;
       harness::cuda_check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
@@ -365,7 +388,7 @@ static int run(const Options& opt) {
       }
     }
     if (row.status == "ok" && !row.pass) all_pass = false;
-    if (row.status != "ok" && row.status != "not supported" && row.status != "workspace does not fit") all_pass = false;
+    if (row.status != "ok" && !row.skipped && row.status != "workspace does not fit") all_pass = false;
     rows.push_back(row);
   }
 
@@ -380,7 +403,7 @@ static int run(const Options& opt) {
                   "\"speedup_vs_01\": %.6g, \"previous\": %d, \"rel_l2_vs_previous\": %.6g, "
                   "\"rel_l2_vs_reference\": %.6g, \"max_abs_vs_reference\": %.6g, \"workspace_bytes\": %zu, "
                   "\"pass\": %s}%s\n",
-                  r.stage->number, r.stage->is_exercise() ? "true" : "false", r.stage->name, flash::dtype_name(r.dtype), r.status.c_str(), r.ms, r.min_ms, opt.runs, r.tflops, r.speedup, r.prev,
+                  r.stage->number, r.stage->is_exercise() ? "true" : "false", r.stage->name, flash::dtype_name(r.dtype), json_escape(r.status).c_str(), r.ms, r.min_ms, opt.runs, r.tflops, r.speedup, r.prev,
                   r.vs_prev.rel_l2, r.vs_ref.rel_l2, r.vs_ref.max_abs, r.workspace, r.pass ? "true" : "false",
                   i + 1 < rows.size() ? "," : "");
     }

@@ -4,10 +4,12 @@
 // stages' launchers, so they are held to the same checks; below, their entries and files are too.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <sstream>
 
+#include "13_decoding/decoding.h"
 #include "registry.h"
 #include "stage_params.h"
 
@@ -31,9 +33,10 @@ struct Call {
   void* workspace = reinterpret_cast<void*>(std::uintptr_t{0x60000});
   size_t workspace_bytes = 0;
 
-  explicit Call(const registry::Stage& s)
-      : dtype(s.dtypes.front()),
-        workspace_bytes(s.forward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim)) {}
+  explicit Call(const registry::Stage& s) : dtype(s.dtypes.front()) {
+    if (s.max_seq_q != 0) seq_q = std::min(seq_q, s.max_seq_q);  // a decoding stage: as many rows as it takes
+    workspace_bytes = s.forward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim);
+  }
   flash::Status run(const registry::Stage& s) const {
     return s.forward(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype,
                      workspace, workspace_bytes, nullptr);
@@ -195,6 +198,208 @@ TEST_P(StageWithBackward, BackwardChecksShapesAndWorkspace) {
   ASSERT_GT(needed, 0u);
   w.backward_workspace_bytes = needed - 1;
   expect(w, flash::StatusCode::kWorkspaceTooSmall, "needs " + std::to_string(needed));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage 13 (decoding): its own limits, its workspace, its split plan and its paged entry point
+// ---------------------------------------------------------------------------------------------
+
+// Runs a status-returning call, expects `code` and a message containing `text`, and no launch.
+template <typename Fn>
+void expect_refused(Fn call, flash::StatusCode code, const std::string& text) {
+  const cudaError_t pending_before = cudaPeekAtLastError();
+  const flash::Status s = call();
+  EXPECT_EQ(s.code, code) << flash::to_string(s);
+  EXPECT_NE(flash::to_string(s).find(text), std::string::npos)
+      << "message '" << flash::to_string(s) << "' should contain '" << text << "'";
+  EXPECT_EQ(cudaPeekAtLastError(), pending_before);
+}
+
+TEST(stage13_decoding, RegistryEntry) {
+  const registry::Stage* s = registry::find(13);
+  ASSERT_NE(s, nullptr);
+  EXPECT_NE(std::string(s->name).find("decoding"), std::string::npos);
+  EXPECT_EQ(s->max_seq_q, stage13::kMaxSeqQ);
+  EXPECT_EQ(s->head_dims, (std::vector<int>{64, 128}));
+  EXPECT_TRUE(s->causal);
+  EXPECT_NE(s->forward_paged, nullptr);
+  EXPECT_NE(s->forward_paged_workspace_size, nullptr);
+  EXPECT_EQ(registry::find(11), nullptr);
+  EXPECT_EQ(registry::find(12), nullptr);
+  EXPECT_EQ(registry::stage_numbers(), "1 to 10, 13");
+  harness::Problem p{1, 32, 8, 16, 4096, 128, true, 0.0f, flash::DType::kBf16};
+  EXPECT_TRUE(s->supports(p));
+  p.seq_q = 17;
+  EXPECT_FALSE(s->supports(p));
+  EXPECT_EQ(registry::previous(*s, {1, 32, 8, 1, 4096, 128, false, 0.0f, flash::DType::kBf16})->number, 10);
+}
+
+// Well-formed contiguous call of the decoding shape the issue measures; each test breaks one thing.
+struct DecodeCall : Call {
+  explicit DecodeCall(const registry::Stage& s) : Call(s) {
+    batch = 1;
+    heads_q = 32;
+    heads_kv = 8;
+    seq_q = 1;
+    seq_kv = 131072;
+    head_dim = 128;
+    workspace_bytes = s.forward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim);
+  }
+};
+
+TEST(stage13_decoding, RefusesWhatItDoesNotTake) {
+  const registry::Stage& s = *registry::find(13);
+  DecodeCall rows(s);
+  rows.seq_q = 17;
+  rows.workspace_bytes = s.forward_workspace_size(1, 32, 8, 17, 131072, 128);
+  expect_refused([&] { return rows.run(s); }, flash::StatusCode::kNotSupported, "seq_q = 17 (decoding takes 1 to 16");
+  DecodeCall d32(s);
+  d32.head_dim = 32;
+  expect_refused([&] { return d32.run(s); }, flash::StatusCode::kHeadDimNotSupported,
+                 "head_dim = 32 (supported: 64, 128)");
+  DecodeCall d48(s);
+  d48.head_dim = 48;
+  expect_refused([&] { return d48.run(s); }, flash::StatusCode::kHeadDimNotSupported,
+                 "head_dim = 48 (supported: 64, 128)");
+}
+
+// The workspace is exactly max_splits partial rows of head_dim + 1 floats, and it is checked.
+TEST(stage13_decoding, WorkspaceIsMaxSplitsPartialRows) {
+  // batch 1, 32 query heads on 8 K/V heads, one query, 131072 keys: 8 units of work, so
+  // min(256, 131072 / 256, 1024 / 8) = 128 splits at most.
+  EXPECT_EQ(stage13::max_splits(1, 32, 8, 1, 131072), 128);
+  EXPECT_EQ(stage13::forward_workspace_size(1, 32, 8, 1, 131072, 128), 128u * 32 * 1 * 129 * sizeof(float));
+  // 64 sequences of 4096 keys: 512 units, at most 2 splits.
+  EXPECT_EQ(stage13::max_splits(64, 32, 8, 1, 4096), 2);
+  // 256 sequences: 2048 units fill any GPU without splitting: no workspace at all.
+  EXPECT_EQ(stage13::max_splits(256, 32, 8, 1, 4096), 1);
+  EXPECT_EQ(stage13::forward_workspace_size(256, 32, 8, 1, 4096, 128), 0u);
+  // Few keys: a split holds at least kMinSplitKeys of them.
+  EXPECT_EQ(stage13::max_splits(1, 32, 8, 1, 255), 1);
+  EXPECT_EQ(stage13::max_splits(1, 32, 8, 1, 257), 2);
+  // Rows of a group past 16 take more row tiles: heads 32/8 with 16 queries is 64 rows, 4 tiles.
+  EXPECT_EQ(stage13::row_tiles(32, 8, 16), 4);
+  EXPECT_EQ(stage13::row_tiles(32, 8, 1), 1);
+  EXPECT_EQ(stage13::row_tiles(32, 1, 16), 32);
+
+  const registry::Stage& s = *registry::find(13);
+  DecodeCall small(s);
+  ASSERT_GT(small.workspace_bytes, 0u);
+  const size_t needed = small.workspace_bytes;
+  small.workspace_bytes = needed - 1;
+  expect_refused([&] { return small.run(s); }, flash::StatusCode::kWorkspaceTooSmall,
+                 "needs " + std::to_string(needed));
+  DecodeCall null_ws(s);
+  null_ws.workspace = nullptr;
+  expect_refused([&] { return null_ws.run(s); }, flash::StatusCode::kNullPointer, "workspace");
+}
+
+// The split plan on an H100 (132 SMs, two blocks of the head_dim 128 kernel per SM), the numbers the
+// lesson works through: one wave of blocks for the three shapes of the issue.
+TEST(stage13_decoding, SplitPlanForTheH100) {
+  EXPECT_EQ(stage13::choose_splits(1, 32, 8, 1, 131072, 132, 2), 33);  // 8 x 33 = 264 blocks: one wave
+  EXPECT_EQ(stage13::choose_splits(8, 32, 8, 1, 32768, 132, 2), 4);    // 256 blocks
+  EXPECT_EQ(stage13::choose_splits(64, 32, 8, 1, 4096, 132, 2), 1);    // 512 blocks without splitting
+  EXPECT_EQ(stage13::choose_splits(1, 32, 8, 1, 1024, 132, 2), 4);     // 1024 keys: 4 splits of 256
+  EXPECT_EQ(stage13::choose_splits(1, 32, 8, 1, 1 << 20, 132, 2), 33);
+  for (int seq_kv : {1, 7, 255, 4097, 65537, 1 << 20})
+    for (int batch : {1, 3, 64, 256}) {
+      const int splits = stage13::choose_splits(batch, 32, 8, 1, seq_kv, 132, 2);
+      EXPECT_GE(splits, 1);
+      EXPECT_LE(splits, stage13::max_splits(batch, 32, 8, 1, seq_kv)) << batch << " x " << seq_kv;
+    }
+}
+
+// A well-formed paged call: 4 sequences of up to 8 pages of 64 keys; each test breaks one thing.
+struct PagedCall {
+  const void* q = reinterpret_cast<const void*>(std::uintptr_t{0x10000});
+  const void* k_pages = reinterpret_cast<const void*>(std::uintptr_t{0x20000});
+  const void* v_pages = reinterpret_cast<const void*>(std::uintptr_t{0x30000});
+  const int* page_table = reinterpret_cast<const int*>(std::uintptr_t{0x40000});
+  const int* cache_lens = reinterpret_cast<const int*>(std::uintptr_t{0x50000});
+  void* o = reinterpret_cast<void*>(std::uintptr_t{0x60000});
+  float* lse = reinterpret_cast<float*>(std::uintptr_t{0x70000});
+  int batch = 4, heads_q = 8, heads_kv = 2, seq_q = 3, head_dim = 128, page_size = 64, num_pages = 40,
+      max_pages_per_seq = 8;
+  float scale = 0.125f;
+  flash::DType dtype = flash::DType::kBf16;
+  void* workspace = reinterpret_cast<void*>(std::uintptr_t{0x80000});
+  size_t workspace_bytes = 1 << 20;
+  flash::Status run() const {
+    return stage13::forward_paged(q, k_pages, v_pages, page_table, cache_lens, o, lse, batch, heads_q, heads_kv, seq_q,
+                                  head_dim, page_size, num_pages, max_pages_per_seq, scale, false, dtype, workspace,
+                                  workspace_bytes, nullptr);
+  }
+};
+
+TEST(stage13_decoding, PagedRefusesBadArgumentsByName) {
+  using flash::StatusCode;
+  for (auto [field, name] : {std::pair{&PagedCall::q, "q"}, {&PagedCall::k_pages, "k_pages"},
+                             {&PagedCall::v_pages, "v_pages"}}) {
+    PagedCall c;
+    c.*field = nullptr;
+    expect_refused([&] { return c.run(); }, StatusCode::kNullPointer, std::string(name) + " is null");
+  }
+  PagedCall table;
+  table.page_table = nullptr;
+  expect_refused([&] { return table.run(); }, StatusCode::kNullPointer, "page_table is null");
+  PagedCall lens;
+  lens.cache_lens = nullptr;
+  expect_refused([&] { return lens.run(); }, StatusCode::kNullPointer, "cache_lens is null");
+  PagedCall out;
+  out.o = nullptr;
+  expect_refused([&] { return out.run(); }, StatusCode::kNullPointer, "o is null");
+  for (auto [field, name] : {std::pair{&PagedCall::batch, "batch"}, {&PagedCall::seq_q, "seq_q"},
+                             {&PagedCall::page_size, "page_size"}, {&PagedCall::num_pages, "num_pages"},
+                             {&PagedCall::max_pages_per_seq, "max_pages_per_seq"}}) {
+    PagedCall c;
+    c.*field = 0;
+    expect_refused([&] { return c.run(); }, StatusCode::kInvalidDimension, std::string(name) + " = 0");
+  }
+  for (int bad : {8, 24, 48, 100, 1 << 17}) {
+    PagedCall c;
+    c.page_size = bad;
+    expect_refused([&] { return c.run(); }, StatusCode::kInvalidArgument,
+                   "page_size = " + std::to_string(bad) + " (must be a power of two from 16 to 65536)");
+  }
+  PagedCall rows;
+  rows.seq_q = 17;
+  expect_refused([&] { return rows.run(); }, StatusCode::kNotSupported, "seq_q = 17");
+  PagedCall d32;
+  d32.head_dim = 32;
+  expect_refused([&] { return d32.run(); }, StatusCode::kHeadDimNotSupported, "head_dim = 32 (supported: 64, 128)");
+  PagedCall heads;
+  heads.heads_kv = 3;
+  expect_refused([&] { return heads.run(); }, StatusCode::kHeadsNotDivisible, "heads_q = 8, heads_kv = 3");
+  PagedCall capacity;
+  capacity.max_pages_per_seq = 1 << 20;
+  capacity.page_size = 1 << 16;
+  expect_refused([&] { return capacity.run(); }, StatusCode::kInvalidDimension, "max_pages_per_seq*page_size");
+  PagedCall misaligned;
+  misaligned.page_table += 1;
+  expect_refused([&] { return misaligned.run(); }, StatusCode::kMisalignedPointer, "page_table");
+  PagedCall fp32;
+  fp32.dtype = flash::DType::kFp32;
+  expect_refused([&] { return fp32.run(); }, StatusCode::kDtypeNotSupported, "dtype = fp32");
+  PagedCall scale;
+  scale.scale = std::numeric_limits<float>::infinity();
+  expect_refused([&] { return scale.run(); }, StatusCode::kInvalidArgument, "scale");
+}
+
+// The paged workspace is the contiguous one for the cache's capacity, and it is checked.
+TEST(stage13_decoding, PagedWorkspaceIsPlannedForTheCapacity) {
+  PagedCall c;
+  c.batch = 1;
+  c.heads_q = 32;
+  c.heads_kv = 8;
+  c.seq_q = 1;
+  c.page_size = 256;
+  c.max_pages_per_seq = 512;  // 131072 keys
+  const size_t needed = stage13::forward_paged_workspace_size(1, 32, 8, 1, 128, 256, 512);
+  EXPECT_EQ(needed, stage13::forward_workspace_size(1, 32, 8, 1, 131072, 128));
+  EXPECT_GT(needed, 0u);
+  c.workspace_bytes = needed - 1;
+  expect_refused([&] { return c.run(); }, flash::StatusCode::kWorkspaceTooSmall, "needs " + std::to_string(needed));
 }
 
 // ---------------------------------------------------------------------------------------------
