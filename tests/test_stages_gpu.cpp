@@ -1,6 +1,7 @@
 // Every stage against the fp64 reference and against the stage before it, over a sweep of shapes
 // that includes sequence lengths that are not tile multiples, seq_q != seq_kv, MHA, GQA and MQA,
-// in every dtype the stage has. Half-precision stages are held to FlashAttention's own rule
+// in every dtype the stage has (the decoding stage, 13, on the shapes of the sweep with at most 16
+// query rows; its own sweep of decode shapes and its paged cache are in test_decoding_gpu.cpp). Half-precision stages are held to FlashAttention's own rule
 // (reference::check_half_precision) and compared with the stage before them on the same rounded
 // inputs, across the dtype change from stage 07 (fp32) to stage 08.
 // Outputs are poisoned with NaN before each run, so an element a kernel forgets to write fails.
@@ -218,10 +219,15 @@ TEST_P(ExtremeInputs, StayFiniteAndCorrect) {
   expect_matches_reference(stage, p, host, got, harness::sample_rows(p.rows(), p.rows()), kExtremeTolerance);
 }
 
+// The tests below run prefill shapes (hundreds of query rows); a decoding stage (max_seq_q set) takes
+// at most 16 and has the same tests on decode shapes in test_decoding_gpu.cpp.
+bool prefill(const registry::Stage& s) { return s.max_seq_q == 0; }
+
 // Every stage after 01, whose overflow is the point of its own test above, in each of its dtypes.
 INSTANTIATE_TEST_SUITE_P(Stages, ExtremeInputs,
-                         ::testing::ValuesIn(every_dtype([](const registry::Stage& s) { return s.number > 1; },
-                                                         extreme_problem())),
+                         ::testing::ValuesIn(every_dtype([](const registry::Stage& s) {
+                           return s.number > 1 && prefill(s);
+                         }, extreme_problem())),
                          case_name);
 
 // Parameterized by a stage and one of its dtypes (the problem's other fields are the test's own).
@@ -293,7 +299,7 @@ TEST_P(EveryStage, LongestSequenceRunsInLinearMemory) {
 
 INSTANTIATE_TEST_SUITE_P(Stages, EveryStage,
                          ::testing::ValuesIn(every_dtype([](const registry::Stage& s) {
-                           return s.number > 1;  // stage 01 has no stage before it
+                           return s.number > 1 && prefill(s);  // stage 01 has no stage before it
                          }, harness::Problem{})),
                          stage_dtype_name);
 
@@ -338,7 +344,7 @@ TEST_P(CausalStage, HiddenKeysDoNotAffectOutput) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Stages, CausalStage,
-                         ::testing::ValuesIn(every_dtype([](const registry::Stage& s) { return s.causal; },
+                         ::testing::ValuesIn(every_dtype([](const registry::Stage& s) { return s.causal && prefill(s); },
                                                          harness::Problem{})),
                          stage_dtype_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CausalStage);
@@ -350,7 +356,7 @@ harness::Problem causal_extreme_problem() {
   return p;
 }
 INSTANTIATE_TEST_SUITE_P(Causal, ExtremeInputs,
-                         ::testing::ValuesIn(every_dtype([](const registry::Stage& s) { return s.causal; },
+                         ::testing::ValuesIn(every_dtype([](const registry::Stage& s) { return s.causal && prefill(s); },
                                                          causal_extreme_problem())),
                          case_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CausalExtreme);
