@@ -64,11 +64,8 @@ int fail(int code, const std::string& msg, char* message, size_t message_bytes) 
   return code;
 }
 
-std::string stage_range() {
-  const auto& all = registry::stages();
-  if (all.empty()) return "none";
-  return std::to_string(all.front().number) + ".." + std::to_string(all.back().number);
-}
+// "1 to 10, 13": the stage numbers, with the gap where planned stages are not written yet.
+std::string stage_range() { return registry::stage_numbers(); }
 
 // The stage with this course number, or null with the message written.
 const registry::Stage* find_stage(int number, char* message, size_t message_bytes, int* code) {
@@ -88,6 +85,18 @@ const registry::Stage* find_backward_stage(int number, char* message, size_t mes
     *code = fail(FLASH_STAGES_NOT_SUPPORTED,
                  "not supported by this stage: stage " + std::to_string(number) + " (" + s->name +
                      ") has no backward",
+                 message, message_bytes);
+    return nullptr;
+  }
+  return s;
+}
+
+const registry::Stage* find_paged_stage(int number, char* message, size_t message_bytes, int* code) {
+  const registry::Stage* s = find_stage(number, message, message_bytes, code);
+  if (s && !s->forward_paged) {
+    *code = fail(FLASH_STAGES_NOT_SUPPORTED,
+                 "not supported by this stage: stage " + std::to_string(number) + " (" + s->name +
+                     ") has no paged entry point",
                  message, message_bytes);
     return nullptr;
   }
@@ -183,6 +192,19 @@ int flash_stages_info(int index, int* number, const char** folder, const char** 
   }
 }
 
+int flash_stages_limits(int index, int* max_seq_q, int* paged) {
+  try {
+    const auto& all = registry::stages();
+    if (index < 0 || index >= static_cast<int>(all.size())) return FLASH_STAGES_INVALID_ARGUMENT;
+    const registry::Stage& s = all[static_cast<size_t>(index)];
+    if (max_seq_q) *max_seq_q = s.max_seq_q;
+    if (paged) *paged = s.forward_paged ? 1 : 0;
+    return FLASH_STAGES_SUCCESS;
+  } catch (...) {
+    return FLASH_STAGES_INTERNAL_ERROR;
+  }
+}
+
 int flash_stages_forward_workspace_size(int stage, int batch, int heads_q, int heads_kv, int seq_q, int seq_kv,
                                         int head_dim, size_t* bytes, char* message, size_t message_bytes) {
   try {
@@ -236,6 +258,53 @@ int flash_stages_forward(int stage, const void* q, const void* k, const void* v,
     const flash::Status st = s->forward(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
                                         causal != 0, static_cast<flash::DType>(dtype), workspace, workspace_bytes,
                                         static_cast<cudaStream_t>(stream));
+    return finish(st, message, message_bytes);
+  } catch (const std::exception& e) {
+    return internal_error(e.what(), message, message_bytes);
+  } catch (...) {
+    return internal_error("unknown exception", message, message_bytes);
+  }
+}
+
+int flash_stages_forward_paged_workspace_size(int stage, int batch, int heads_q, int heads_kv, int seq_q, int head_dim,
+                                              int page_size, int max_pages_per_seq, size_t* bytes, char* message,
+                                              size_t message_bytes) {
+  try {
+    int code = 0;
+    const registry::Stage* s = find_paged_stage(stage, message, message_bytes, &code);
+    if (!s) return code;
+    if (!bytes) return finish(flash::make_status(StatusCode::kNullPointer, "bytes", 0), message, message_bytes);
+    flash::Status sizes = check_sizes(batch, heads_q, heads_kv, seq_q, 1, head_dim);
+    if (sizes.ok() && page_size < 1) sizes = flash::make_status(StatusCode::kInvalidDimension, "page_size", page_size);
+    if (sizes.ok() && max_pages_per_seq < 1)
+      sizes = flash::make_status(StatusCode::kInvalidDimension, "max_pages_per_seq", max_pages_per_seq);
+    if (!sizes.ok()) return finish(sizes, message, message_bytes);
+    *bytes = s->forward_paged_workspace_size(batch, heads_q, heads_kv, seq_q, head_dim, page_size, max_pages_per_seq);
+    return finish(flash::Status{}, message, message_bytes);
+  } catch (const std::exception& e) {
+    return internal_error(e.what(), message, message_bytes);
+  } catch (...) {
+    return internal_error("unknown exception", message, message_bytes);
+  }
+}
+
+int flash_stages_forward_paged(int stage, const void* q, const void* k_pages, const void* v_pages,
+                               const int* page_table, const int* cache_lens, void* o, float* lse, int batch,
+                               int heads_q, int heads_kv, int seq_q, int head_dim, int page_size, int num_pages,
+                               int max_pages_per_seq, float scale, int causal, int dtype, void* workspace,
+                               size_t workspace_bytes, int device, void* stream, char* message, size_t message_bytes) {
+  try {
+    int code = 0;
+    const registry::Stage* s = find_paged_stage(stage, message, message_bytes, &code);
+    if (!s) return code;
+    const DeviceGuard guard(device);
+    if (!guard.status().ok()) return finish(guard.status(), message, message_bytes);
+    if (dtype < FLASH_STAGES_FP32 || dtype > FLASH_STAGES_BF16)
+      return finish(flash::make_status(StatusCode::kInvalidArgument, "dtype", dtype), message, message_bytes);
+    const flash::Status st = s->forward_paged(q, k_pages, v_pages, page_table, cache_lens, o, lse, batch, heads_q,
+                                              heads_kv, seq_q, head_dim, page_size, num_pages, max_pages_per_seq,
+                                              scale, causal != 0, static_cast<flash::DType>(dtype), workspace,
+                                              workspace_bytes, static_cast<cudaStream_t>(stream));
     return finish(st, message, message_bytes);
   } catch (const std::exception& e) {
     return internal_error(e.what(), message, message_bytes);

@@ -14,6 +14,10 @@
  *   q, o, dq     [batch, heads_q,  seq_q,  head_dim]   (one of the stage's dtypes)
  *   k, v, dk, dv [batch, heads_kv, seq_kv, head_dim]
  *   lse          [batch, heads_q,  seq_q]              (always fp32)
+ * and, for the paged entry point (flash_stages_forward_paged, stage 13):
+ *   k_pages, v_pages [num_pages, page_size, heads_kv, head_dim]   (the stage's dtype)
+ *   page_table       [batch, max_pages_per_seq]  int32: sequence b's pages in key order
+ *   cache_lens       [batch]                     int32: sequence b's keys, its seq_q new ones included
  * `device` is the CUDA device ordinal the tensors live on; the call makes it current for the
  * launch and restores the previous one (a negative value: use whatever device is current).
  * `stream` is a cudaStream_t passed as void* (null: the legacy default stream). The launch is
@@ -34,8 +38,9 @@
 extern "C" {
 #endif
 
-/* Bumped whenever a signature below changes; the Python package refuses a library of another. */
-#define FLASH_STAGES_C_ABI_VERSION 2
+/* Bumped whenever a signature below changes or one is added; the Python package refuses a library of
+ * another. 3: flash_stages_limits and the paged entry point (stage 13). */
+#define FLASH_STAGES_C_ABI_VERSION 3
 
 /* Element types: the values of flash::DType. lse is always fp32. */
 enum { FLASH_STAGES_FP32 = 0, FLASH_STAGES_FP16 = 1, FLASH_STAGES_BF16 = 2 };
@@ -74,6 +79,11 @@ FLASH_STAGES_C_API int flash_stages_info(int index, int* number, const char** fo
                                          const char** lesson, const char** dtype, int* causal, int* has_backward,
                                          int* head_dims, int head_dims_capacity, int* num_head_dims);
 
+/* What the stage at position `index` takes beyond flash_stages_info: *max_seq_q the most query rows
+ * per head (0: any; 16 for the decoding stage), *paged 1 when it has flash_stages_forward_paged. Either
+ * pointer may be null. Returns FLASH_STAGES_INVALID_ARGUMENT for an index out of range. */
+FLASH_STAGES_C_API int flash_stages_limits(int index, int* max_seq_q, int* paged);
+
 /* The device workspace, in bytes, that one forward (backward) call of `stage` needs for this
  * problem; 0 for stages that need none. Sizes must be >= 1 and heads_q a multiple of heads_kv. */
 FLASH_STAGES_C_API int flash_stages_forward_workspace_size(int stage, int batch, int heads_q, int heads_kv, int seq_q,
@@ -90,6 +100,25 @@ FLASH_STAGES_C_API int flash_stages_forward(int stage, const void* q, const void
                                             int head_dim, float scale, int causal, int dtype, void* workspace,
                                             size_t workspace_bytes, int device, void* stream, char* message,
                                             size_t message_bytes);
+
+/* The device workspace, in bytes, of one flash_stages_forward_paged call of `stage` for these sizes
+ * (a cache of max_pages_per_seq * page_size keys per sequence); FLASH_STAGES_NOT_SUPPORTED for a
+ * stage without a paged entry point. */
+FLASH_STAGES_C_API int flash_stages_forward_paged_workspace_size(int stage, int batch, int heads_q, int heads_kv,
+                                                                 int seq_q, int head_dim, int page_size,
+                                                                 int max_pages_per_seq, size_t* bytes, char* message,
+                                                                 size_t message_bytes);
+
+/* O and lse (lse may be null) from Q and a paged K/V cache (layouts above); page_size a power of two
+ * from 16 to 65536. The contents of page_table and cache_lens are not read on the host: a length is
+ * clamped to the table's max_pages_per_seq * page_size keys and a page number outside [0, num_pages)
+ * is not read. FLASH_STAGES_NOT_SUPPORTED for a stage without a paged entry point. */
+FLASH_STAGES_C_API int flash_stages_forward_paged(int stage, const void* q, const void* k_pages, const void* v_pages,
+                                                  const int* page_table, const int* cache_lens, void* o, float* lse,
+                                                  int batch, int heads_q, int heads_kv, int seq_q, int head_dim,
+                                                  int page_size, int num_pages, int max_pages_per_seq, float scale,
+                                                  int causal, int dtype, void* workspace, size_t workspace_bytes,
+                                                  int device, void* stream, char* message, size_t message_bytes);
 
 /* dQ, dK, dV from dO, given the forward's O and lse. */
 FLASH_STAGES_C_API int flash_stages_backward(int stage, const void* q, const void* k, const void* v, const void* o,

@@ -6,16 +6,20 @@
     o, lse = flash_stages.forward(q, k, v, stage=6, causal=True)
     dq, dk, dv = flash_stages.backward(q, k, v, o, lse, do, stage=7)    # stages with a backward
     o = flash_stages.attention(q, k, v, causal=True)                    # differentiable
+    o, lse = flash_stages.forward(q1, k, v, stage=13)                   # decoding: q1 of 1 to 16 rows
+    o, lse = flash_stages.decode_paged(q1, k_pages, v_pages, page_table, cache_lens)  # a paged KV cache
 
 A pure-Python package over the C library libflash_stages_c (python/flash_stages_c.h), loaded with
 ctypes: no compiled Python extension. torch is imported on first use, so importing the package
 and listing the stages work without it. Tensors: q [B, Hq, Nq, d], k and v [B, Hkv, Nk, d],
-contiguous, on a CUDA device, of a dtype the stage supports (fp32 for now); lse is float32
-[B, Hq, Nq]. Calls run on the tensors' device and PyTorch's current stream.
+contiguous, on a CUDA device, of a dtype the stage supports (fp32 for stages 01-07, bf16 and fp16 from
+08); lse is float32 [B, Hq, Nq]. Stage 13 (decoding) takes Nq up to 16 (Stage.max_seq_q). Calls run on
+the tensors' device and PyTorch's current stream.
 """
 
 from ._lib import ABI_VERSION, Stage, StageError, get_stage, library_path, stages
-from ._api import attention, backward, default_stage, forward
+from ._api import attention, backward, decode_paged, default_stage, forward
+from ._lib import paged_workspace_bytes as _paged_workspace_bytes
 from ._lib import workspace_bytes as _workspace_bytes
 
 __all__ = [
@@ -25,6 +29,8 @@ __all__ = [
     "attention",
     "backward",
     "backward_workspace_bytes",
+    "decode_paged",
+    "decode_paged_workspace_bytes",
     "default_stage",
     "forward",
     "forward_workspace_bytes",
@@ -42,3 +48,8 @@ def forward_workspace_bytes(stage, batch, heads_q, heads_kv, seq_q, seq_kv, head
 def backward_workspace_bytes(stage, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim):
     """Device bytes one backward call of `stage` allocates as workspace (ValueError: no backward)."""
     return _workspace_bytes(stage, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, backward=True)
+
+
+def decode_paged_workspace_bytes(stage, batch, heads_q, heads_kv, seq_q, head_dim, page_size, max_pages_per_seq):
+    """Device bytes one decode_paged call of `stage` allocates as workspace (ValueError: no paged entry point)."""
+    return _paged_workspace_bytes(stage, batch, heads_q, heads_kv, seq_q, head_dim, page_size, max_pages_per_seq)

@@ -9,7 +9,7 @@ import math
 
 from . import _lib
 
-__all__ = ["forward", "backward", "attention"]
+__all__ = ["forward", "backward", "attention", "decode_paged"]
 
 _INT_MAX = 2**31 - 1
 _ALIGNMENT = 16  # flash::kTensorAlignment
@@ -103,6 +103,7 @@ def _check_qkv(torch, stage, q, k, v, causal):
     if head_dim not in stage.head_dims:
         raise ValueError(f"head_dim = {head_dim} (q.shape[-1]) is not supported by {stage}: supported "
                          f"{', '.join(str(d) for d in stage.head_dims)}")
+    _check_seq_q(stage, seq_q)
     if heads_q % heads_kv != 0:
         raise ValueError(f"heads_q = {heads_q} (q.shape[1]) must be a multiple of heads_kv = {heads_kv} (k.shape[1])")
     if causal and not stage.causal:
@@ -113,6 +114,12 @@ def _check_qkv(torch, stage, q, k, v, causal):
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_layout(name, t)
     return batch, heads_q, heads_kv, seq_q, seq_kv, head_dim
+
+
+def _check_seq_q(stage, seq_q):
+    if stage.max_seq_q and seq_q > stage.max_seq_q:
+        raise ValueError(f"seq_q = {seq_q} (q.shape[2]) is more than {stage} takes: at most {stage.max_seq_q} query "
+                         "rows, it is a decoding stage (the other stages take any seq_q)")
 
 
 def _check_like(torch, name, t, ref_name, ref, shape=None, dtype=None):
@@ -197,10 +204,11 @@ def backward(q, k, v, o, lse, do, *, stage, causal=False, scale=None):
     return dq, dk, dv
 
 
-def default_stage(dtype, head_dim, causal):
+def default_stage(dtype, head_dim, causal, seq_q=None):
     """The stage attention() uses: the latest with a backward that supports the problem, else the
-    latest that supports its forward. Raises naming what no stage supports."""
-    all_stages = _lib.stages()
+    latest that supports its forward. seq_q (the query rows per head), when given, leaves out a stage
+    that takes fewer (the decoding stage takes 16). Raises naming what no stage supports."""
+    all_stages = [s for s in _lib.stages() if s.supports(seq_q=seq_q)]
     name = str(dtype).replace("torch.", "")
     fits = [s for s in all_stages if s.supports(dtype=name)]
     if not fits:
@@ -277,7 +285,7 @@ def attention(q, k, v, *, causal=False, scale=None, stage=None):
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(torch, name, t)
     if stage is None:
-        st = default_stage(q.dtype, q.shape[-1], causal)
+        st = default_stage(q.dtype, q.shape[-1], causal, seq_q=q.shape[2])
         chosen = True
     else:
         st = _lib.get_stage(stage)
@@ -285,3 +293,103 @@ def attention(q, k, v, *, causal=False, scale=None, stage=None):
     if scale is not None:
         scale = _check_scale(scale, q.shape[-1])
     return _attention_function().apply(q, k, v, causal, scale, st.number, chosen)
+
+
+def _paged_stage(stage):
+    if stage is None:
+        with_paged = [s for s in _lib.stages() if s.paged]
+        if not with_paged:
+            raise ValueError("no stage has a paged entry point")
+        return with_paged[-1]
+    st = _lib.get_stage(stage)
+    if not st.paged:
+        raise ValueError(f"stage = {st.number} ({st.name}) has no paged entry point; stages with one: "
+                         f"{_lib.paged_stage_list()}")
+    return st
+
+
+def decode_paged(q, k_pages, v_pages, page_table, cache_lens, *, causal=False, scale=None, stage=None):
+    """O and lse of attention of a few new queries against a paged K/V cache (stage 13's second entry point).
+
+    q [B, Hq, Nq, d] with Nq at most the stage's max_seq_q (16); k_pages and v_pages [P, page_size, Hkv, d],
+    P pages of page_size keys, every K/V head of a key in one row (appending a token writes one row);
+    page_table int32 [B, max_pages]: sequence b's pages in key order, key j of sequence b in row
+    j % page_size of page page_table[b, j // page_size]; cache_lens int32 [B]: sequence b's keys, its Nq new
+    ones included (their K and V are in the cache already). All contiguous CUDA tensors on one device; q,
+    k_pages and v_pages of one dtype the stage has (bfloat16, float16); page_size a power of two from 16 to
+    65536. causal is bottom-right per sequence: query i of sequence b sees the keys before
+    cache_lens[b] - Nq + i + 1. A sequence of length 0 gives zeros and lse = -inf. The table's and the
+    lengths' contents stay on the device: a length past max_pages * page_size is clamped to it, and a
+    page number outside [0, P) is not read (wrong results, never a fault). stage defaults to the latest
+    stage with a paged entry point. Returns (o, lse): o like q, lse float32 [B, Hq, Nq].
+    """
+    torch = _torch()
+    st = _paged_stage(stage)
+    causal = _check_causal(causal)
+    named = (("q", q), ("k_pages", k_pages), ("v_pages", v_pages), ("page_table", page_table),
+             ("cache_lens", cache_lens))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    for name, t in named:
+        if t.device.type != "cuda":
+            raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {t.device} (move it with .cuda())")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}: all tensors must be on one device")
+    for name, t, dims, what in (("q", q, 4, "[batch, heads_q, seq_q, head_dim]"),
+                                ("k_pages", k_pages, 4, "[num_pages, page_size, heads_kv, head_dim]"),
+                                ("v_pages", v_pages, 4, "[num_pages, page_size, heads_kv, head_dim]"),
+                                ("page_table", page_table, 2, "[batch, max_pages_per_seq]"),
+                                ("cache_lens", cache_lens, 1, "[batch]")):
+        if t.dim() != dims:
+            raise ValueError(f"{name} must be {dims}-D {what}, got shape {tuple(t.shape)}")
+    dtypes = _stage_dtypes(torch, st)
+    if q.dtype not in dtypes:
+        raise TypeError(f"q has dtype {q.dtype}, but {st} supports {', '.join(str(d) for d in dtypes)}")
+    for name, t in (("k_pages", k_pages), ("v_pages", v_pages)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}: q, k_pages and v_pages must share one "
+                            "dtype")
+    for name, t in (("page_table", page_table), ("cache_lens", cache_lens)):
+        if t.dtype != torch.int32:
+            raise TypeError(f"{name} must be torch.int32, got {t.dtype}")
+    batch, heads_q, seq_q, head_dim = q.shape
+    num_pages, page_size, heads_kv, head_dim_k = k_pages.shape
+    if tuple(v_pages.shape) != tuple(k_pages.shape):
+        raise ValueError(f"v_pages must have k_pages' shape {tuple(k_pages.shape)}, got {tuple(v_pages.shape)}")
+    if head_dim_k != head_dim:
+        raise ValueError(f"k_pages has head_dim {head_dim_k} but q has {head_dim}")
+    if page_table.shape[0] != batch or cache_lens.shape[0] != batch:
+        raise ValueError(f"page_table {tuple(page_table.shape)} and cache_lens {tuple(cache_lens.shape)} must have "
+                         f"q's batch {batch} rows")
+    max_pages = page_table.shape[1]
+    for name, value in (("batch", batch), ("heads_q", heads_q), ("seq_q", seq_q), ("num_pages", num_pages),
+                        ("page_size", page_size), ("heads_kv", heads_kv), ("max_pages_per_seq", max_pages)):
+        if value < 1:
+            raise ValueError(f"{name} = {value} must be >= 1")
+    if head_dim not in st.head_dims:
+        raise ValueError(f"head_dim = {head_dim} (q.shape[-1]) is not supported by {st}: supported "
+                         f"{', '.join(str(d) for d in st.head_dims)}")
+    _check_seq_q(st, seq_q)
+    if heads_q % heads_kv != 0:
+        raise ValueError(f"heads_q = {heads_q} (q.shape[1]) must be a multiple of heads_kv = {heads_kv} "
+                         "(k_pages.shape[2])")
+    if page_size & (page_size - 1) or not 16 <= page_size <= 65536:
+        raise ValueError(f"page_size = {page_size} (k_pages.shape[1]) must be a power of two from 16 to 65536")
+    for name, t in named:
+        _check_layout(name, t)
+    scale = _check_scale(scale, head_dim)
+
+    o = torch.empty_like(q)
+    lse = torch.empty((batch, heads_q, seq_q), dtype=torch.float32, device=q.device)
+    ws_bytes = _lib.paged_workspace_bytes(st.number, batch, heads_q, heads_kv, seq_q, head_dim, page_size, max_pages)
+    ws, ws_bytes = _workspace(torch, ws_bytes, q.device)
+    stream = torch.cuda.current_stream(q.device).cuda_stream
+    msg = _lib.message_buffer()
+    code = _lib.lib().flash_stages_forward_paged(
+        st.number, q.data_ptr(), k_pages.data_ptr(), v_pages.data_ptr(), page_table.data_ptr(), cache_lens.data_ptr(),
+        o.data_ptr(), lse.data_ptr(), batch, heads_q, heads_kv, seq_q, head_dim, page_size, num_pages, max_pages,
+        scale, int(causal), _lib.DTYPE_CODES[str(q.dtype).replace("torch.", "")],
+        ws.data_ptr() if ws is not None else None, ws_bytes, q.device.index, stream, msg, len(msg))
+    _lib.check_status(code, msg, f"flash_stages.decode_paged ({st})")
+    return o, lse

@@ -18,10 +18,11 @@ __all__ = [
     "library_path",
     "stages",
     "get_stage",
+    "paged_workspace_bytes",
 ]
 
 # Must equal FLASH_STAGES_C_ABI_VERSION in flash_stages_c.h.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # Status codes of flash_stages_c.h (the values of flash::StatusCode).
 SUCCESS = 0
@@ -83,14 +84,21 @@ class Stage:
     head_dims: tuple
     causal: bool  # accepts causal=True
     backward: bool  # has a backward
+    max_seq_q: int = 0  # the most query rows per head it takes; 0: any (16 for the decoding stage)
+    paged: bool = False  # has a paged-cache entry point (flash_stages.decode_paged)
 
     @property
     def torch_dtype_names(self):
         """The dtypes as torch names them ("float32", ...)."""
         return tuple(DTYPE_NAMES.get(d, d) for d in self.dtypes)
 
-    def supports(self, *, dtype=None, head_dim=None, causal=False, backward=False):
-        """True when this stage accepts a problem of this dtype (torch dtype or name), head_dim and causality."""
+    def supports(self, *, dtype=None, head_dim=None, causal=False, backward=False, seq_q=None, paged=False):
+        """True when this stage accepts a problem of this dtype (torch dtype or name), head_dim, causality and
+        number of query rows (seq_q), with a backward or a paged cache where asked."""
+        if seq_q is not None and self.max_seq_q and seq_q > self.max_seq_q:
+            return False
+        if paged and not self.paged:
+            return False
         if dtype is not None:
             name = str(dtype).replace("torch.", "")
             if DTYPE_NAMES.get(name, name) not in self.torch_dtype_names:
@@ -146,6 +154,16 @@ def _declare(lib):
     lib.flash_stages_backward.argtypes = ([c_int] + [c_void_p] * 9 + dims + [c_float, c_int, c_void_p, c_size_t,
                                                                            c_int, c_void_p] + msg)
     lib.flash_stages_backward.restype = c_int
+    lib.flash_stages_limits.argtypes = [c_int, c_int_p, c_int_p]
+    lib.flash_stages_limits.restype = c_int
+    # batch, heads_q, heads_kv, seq_q, head_dim, page_size, max_pages_per_seq
+    lib.flash_stages_forward_paged_workspace_size.argtypes = [c_int] + [c_int] * 7 + [ctypes.POINTER(c_size_t)] + msg
+    lib.flash_stages_forward_paged_workspace_size.restype = c_int
+    # stage; q, k_pages, v_pages, page_table, cache_lens, o, lse; batch, heads_q, heads_kv, seq_q, head_dim,
+    # page_size, num_pages, max_pages_per_seq; scale, causal, dtype, workspace, workspace_bytes, device, stream
+    lib.flash_stages_forward_paged.argtypes = ([c_int] + [c_void_p] * 7 + [c_int] * 8 +
+                                               [c_float, c_int, c_int, c_void_p, c_size_t, c_int, c_void_p] + msg)
+    lib.flash_stages_forward_paged.restype = c_int
 
 
 def lib():
@@ -194,10 +212,15 @@ def stages():
         if code != SUCCESS:
             raise StageError(f"flash_stages: flash_stages_info({index}) failed with status {code}")
         dtypes = tuple(d for d in _decode(dtype.value).replace(",", " ").split() if d)
+        max_seq_q, paged = ctypes.c_int(), ctypes.c_int()
+        code = L.flash_stages_limits(index, ctypes.byref(max_seq_q), ctypes.byref(paged))
+        if code != SUCCESS:
+            raise StageError(f"flash_stages: flash_stages_limits({index}) failed with status {code}")
         found.append(Stage(number=number.value, folder=_decode(folder.value), name=_decode(name.value),
                            lesson=_decode(lesson.value), dtypes=dtypes,
                            head_dims=tuple(head_dims[i] for i in range(min(count.value, _MAX_HEAD_DIMS))),
-                           causal=bool(causal.value), backward=bool(backward.value)))
+                           causal=bool(causal.value), backward=bool(backward.value), max_seq_q=max_seq_q.value,
+                           paged=bool(paged.value)))
     _stages = tuple(found)
     return _stages
 
@@ -255,6 +278,32 @@ def workspace_bytes(stage, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, *,
     code = fn(s.number, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, ctypes.byref(out), msg, len(msg))
     check_status(code, msg, f"{'backward' if backward else 'forward'} workspace of {s}")
     return out.value
+
+
+def paged_workspace_bytes(stage, batch, heads_q, heads_kv, seq_q, head_dim, page_size, max_pages_per_seq):
+    """Bytes of device workspace one paged forward call of `stage` needs (ValueError: no paged entry point)."""
+    s = get_stage(stage)
+    if not s.paged:
+        raise ValueError(f"stage = {s.number} ({s.name}) has no paged entry point; stages with one: "
+                         f"{paged_stage_list()}")
+    for name, value in (("batch", batch), ("heads_q", heads_q), ("heads_kv", heads_kv), ("seq_q", seq_q),
+                        ("head_dim", head_dim), ("page_size", page_size), ("max_pages_per_seq", max_pages_per_seq)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if not 1 <= value <= 2**31 - 1:
+            raise ValueError(f"{name} = {value} must be >= 1 and fit in a 32-bit int")
+    out = ctypes.c_size_t(0)
+    msg = message_buffer()
+    code = lib().flash_stages_forward_paged_workspace_size(s.number, batch, heads_q, heads_kv, seq_q, head_dim,
+                                                           page_size, max_pages_per_seq, ctypes.byref(out), msg,
+                                                           len(msg))
+    check_status(code, msg, f"paged workspace of {s}")
+    return out.value
+
+
+def paged_stage_list():
+    with_paged = [str(s.number) for s in stages() if s.paged]
+    return ", ".join(with_paged) if with_paged else "none"
 
 
 def backward_stage_list():

@@ -182,3 +182,67 @@ def test_cpu_tensor_is_refused():
         flash_stages.forward(q, q, q, stage=0)
     with pytest.raises(TypeError, match="causal must be a bool"):
         flash_stages.forward(q, q, q, stage=6, causal="yes")
+
+
+def test_decoding_stage_in_the_listing():
+    stages = flash_stages.stages()
+    numbers = [s.number for s in stages]
+    assert 13 in numbers and 11 not in numbers and 12 not in numbers, "stages 11 and 12 are planned, 13 is written"
+    s = flash_stages.get_stage(13)
+    assert "decoding" in s.name
+    assert s.max_seq_q == 16 and s.paged and s.causal and not s.backward
+    assert s.head_dims == (64, 128) and set(s.dtypes) == {"bf16", "fp16"}
+    assert s.supports(dtype="bfloat16", head_dim=128, seq_q=16, paged=True)
+    assert not s.supports(dtype="bfloat16", head_dim=128, seq_q=17)
+    assert not s.supports(head_dim=32)
+    for other in stages:
+        if other.number != 13:
+            assert other.max_seq_q == 0 and not other.paged, other
+    # attention() never picks the decoding stage for more query rows than it takes.
+    assert flash_stages.default_stage("bfloat16", 128, False, seq_q=1024).number == 10
+    with pytest.raises(ValueError, match="no paged entry point"):
+        flash_stages.decode_paged_workspace_bytes(10, 1, 32, 8, 1, 128, 256, 512)
+
+
+def test_decoding_workspace_sizes():
+    # The paged call plans its splits for the cache's capacity (512 pages of 256 keys = 131072 keys).
+    assert flash_stages.decode_paged_workspace_bytes(13, 1, 32, 8, 1, 128, 256, 512) == \
+        flash_stages.forward_workspace_bytes(13, 1, 32, 8, 1, 131072, 128) == 128 * 32 * 129 * 4
+    # 256 sequences fill the GPU without splitting: no workspace.
+    assert flash_stages.forward_workspace_bytes(13, 256, 32, 8, 1, 4096, 128) == 0
+
+
+def c_forward_paged(stage, ptrs, dims, *, page_size=64, num_pages=8, max_pages=4, dtype=2, workspace_bytes=0):
+    """ptrs: q, k_pages, v_pages, page_table, cache_lens, o, lse; dims: batch, heads_q, heads_kv, seq_q, head_dim."""
+    msg = _lib.message_buffer()
+    code = _lib.lib().flash_stages_forward_paged(stage, *ptrs, *dims, page_size, num_pages, max_pages, 0.125, 0, dtype,
+                                                 None, workspace_bytes, -1, None, msg, len(msg))
+    return code, msg
+
+
+PAGED_FAKE = [16, 32, 48, 64, 80, 96, 112]
+
+
+@pytest.mark.parametrize("ptrs, dims, kwargs, code, text", [
+    (PAGED_FAKE[:3] + [None] + PAGED_FAKE[4:], (1, 4, 2, 1, 128), {}, _lib.NULL_POINTER, "page_table is null"),
+    (PAGED_FAKE[:4] + [None] + PAGED_FAKE[5:], (1, 4, 2, 1, 128), {}, _lib.NULL_POINTER, "cache_lens is null"),
+    (PAGED_FAKE, (1, 4, 2, 17, 128), {}, _lib.NOT_SUPPORTED, "seq_q = 17"),
+    (PAGED_FAKE, (1, 4, 2, 1, 32), {}, _lib.HEAD_DIM_NOT_SUPPORTED, "head_dim = 32 (supported: 64, 128)"),
+    (PAGED_FAKE, (1, 4, 2, 1, 128), dict(page_size=24), _lib.INVALID_ARGUMENT,
+     "page_size = 24 (must be a power of two from 16 to 65536)"),
+    (PAGED_FAKE, (1, 4, 2, 1, 128), dict(num_pages=0), _lib.INVALID_DIMENSION, "num_pages = 0"),
+    (PAGED_FAKE, (1, 4, 2, 1, 128), dict(dtype=0), _lib.DTYPE_NOT_SUPPORTED, "dtype = fp32"),
+], ids=["null-page_table", "null-cache_lens", "seq_q-17", "head_dim-32", "page_size-24", "num_pages-0", "fp32"])
+def test_c_abi_paged_argument_checks(ptrs, dims, kwargs, code, text):
+    got, msg = c_forward_paged(13, ptrs, dims, **kwargs)
+    assert got == code and text in msg.value.decode(), (got, msg.value)
+
+
+def test_c_abi_paged_stage_errors():
+    got, msg = c_forward_paged(10, PAGED_FAKE, (1, 4, 2, 1, 128))
+    assert got == _lib.NOT_SUPPORTED and b"stage 10 (flash2) has no paged entry point" in msg.value
+    got, msg = c_forward_paged(11, PAGED_FAKE, (1, 4, 2, 1, 128))
+    assert got == _lib.INVALID_ARGUMENT and b"stage = 11 is not a stage (stages: 1 to 10, 13)" in msg.value
+    L = _lib.lib()
+    assert L.flash_stages_limits(-1, None, None) == _lib.INVALID_ARGUMENT
+    assert L.flash_stages_limits(L.flash_stages_count(), None, None) == _lib.INVALID_ARGUMENT
