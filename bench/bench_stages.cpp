@@ -12,6 +12,14 @@
 //   build/bin/flash-stages-bench --benchmark_filter='(stage|exercise)05'
 // Left out otherwise: as shipped they compute wrong results, and a default run feeds the plots.
 //
+// A decoding stage (registry max_seq_q set, stage 13) is not run on that grid, whose every problem has
+// seq_q = seq_kv. It gets a decode family of its own (register_decode_benchmarks): one new query per
+// sequence, head_dim 128, 32 query heads on 8 K/V heads (GQA 4), bf16, at the issue's three shapes and
+// over cache lengths at batch 1, contiguous and paged; GB/s over the K and V bytes read, with L2
+// flushed before every call. Its JSON is bench/results/h100_bench_decode.json:
+//   build/bin/flash-stages-bench --benchmark_filter=decode --benchmark_out=h100_bench_decode.json
+//       --benchmark_out_format=json   (one line)
+//
 // Each case times every iteration with CUDA events and reports the median as the counter
 // median_ms; TFLOP/s and GB/s are computed from that median. One repetition of many iterations
 // rather than Repetitions(3): the O(N^2)-memory stages take about a second per call at N = 16384,
@@ -25,7 +33,9 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "harness.h"
@@ -198,6 +208,145 @@ void bench_backward(benchmark::State& state, const registry::Stage& stage, int h
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decoding (stage 13): bandwidth over the K and V bytes
+// ---------------------------------------------------------------------------------------------
+
+// The decode problem of the issue: one new query, 32 query heads sharing 8 K/V heads, head_dim 128.
+constexpr int kDecodeHeadsQ = 32;
+constexpr int kDecodeHeadsKv = 8;
+constexpr int kDecodeHeadDim = 128;
+constexpr int kDecodeSeqQ = 1;
+constexpr int kDecodePageSize = 64;
+// (batch, seq_kv): the issue's three shapes, then cache lengths at batch 1.
+const std::vector<std::pair<int, int>> kDecodeShapes = {{1, 131072}, {8, 32768}, {64, 4096}};
+const std::vector<int> kDecodeSweep = {1024, 4096, 16384, 65536, 262144, 1 << 20};
+
+// A device buffer twice the size of L2, written before every timed call: the call then finds none of
+// its K and V in L2, as a decode step does when every layer reads a cache of its own.
+class L2Flush {
+ public:
+  L2Flush() {
+    int device = 0, l2 = 0;
+    harness::cuda_check(cudaGetDevice(&device), "cudaGetDevice");
+    harness::cuda_check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
+    buffer_ = harness::DeviceBuffer<unsigned char>(2 * static_cast<size_t>(l2 > 0 ? l2 : 1 << 26));
+  }
+  void operator()() const {
+    harness::cuda_check(cudaMemsetAsync(buffer_.get(), 0, buffer_.bytes()), "cudaMemsetAsync");
+  }
+
+ private:
+  harness::DeviceBuffer<unsigned char> buffer_;
+};
+
+// time_iterations with L2 flushed before each call (outside the timed events).
+double time_cold_iterations(benchmark::State& state, const std::function<flash::Status()>& call) {
+  static const L2Flush flush;
+  flash::Status status = call();
+  if (!status.ok()) {
+    state.SkipWithError(flash::to_string(status).c_str());
+    return 0;
+  }
+  harness::cuda_check(cudaDeviceSynchronize(), "warm-up");
+  Event start, stop;
+  std::vector<double> ms;
+  for (auto _ : state) {
+    flush();
+    harness::cuda_check(cudaEventRecord(start.event), "cudaEventRecord");
+    status = call();
+    harness::cuda_check(cudaEventRecord(stop.event), "cudaEventRecord");
+    harness::cuda_check(cudaEventSynchronize(stop.event), "cudaEventSynchronize");
+    if (!status.ok()) {
+      state.SkipWithError(flash::to_string(status).c_str());
+      return 0;
+    }
+    float elapsed_ms = 0.0f;
+    harness::cuda_check(cudaEventElapsedTime(&elapsed_ms, start.event, stop.event), "cudaEventElapsedTime");
+    ms.push_back(elapsed_ms);
+    state.SetIterationTime(elapsed_ms / 1e3);
+  }
+  return ms.empty() ? 0 : median(ms) / 1e3;
+}
+
+// One decode call of the stage, contiguous or paged (pages of kDecodePageSize keys, sequence b's pages
+// in a shuffled order across the cache, as an allocator that serves many sequences leaves them). The
+// inputs are bytes 0x3C: finite in bf16 and fp16, and the time of a memory-bound kernel does not
+// depend on the values (the tests check the results).
+void bench_decode(benchmark::State& state, const registry::Stage& stage, flash::DType dtype, bool paged) {
+  harness::Problem p;
+  p.batch = static_cast<int>(state.range(0));
+  p.seq_kv = static_cast<int>(state.range(1));
+  p.heads_q = kDecodeHeadsQ;
+  p.heads_kv = kDecodeHeadsKv;
+  p.seq_q = kDecodeSeqQ;
+  p.head_dim = kDecodeHeadDim;
+  p.dtype = dtype;
+  try {
+    const int pages_per_seq = (p.seq_kv + kDecodePageSize - 1) / kDecodePageSize;
+    const size_t kv_elems =
+        paged ? static_cast<size_t>(p.batch) * pages_per_seq * kDecodePageSize * p.heads_kv * p.head_dim
+              : static_cast<size_t>(p.kv_elems());
+    const size_t workspace_bytes =
+        paged ? stage.forward_paged_workspace_size(p.batch, p.heads_q, p.heads_kv, p.seq_q, p.head_dim,
+                                                   kDecodePageSize, pages_per_seq)
+              : stage.workspace_bytes(p);
+    const size_t bytes = 2 * kv_elems * flash::dtype_size(dtype) + 2 * p.q_elems() * flash::dtype_size(dtype) +
+                         workspace_bytes + p.rows() * sizeof(float);
+    if (!fits(state, bytes)) return;
+    harness::DeviceTensor q(dtype, static_cast<size_t>(p.q_elems())), k(dtype, kv_elems), v(dtype, kv_elems),
+        o(dtype, static_cast<size_t>(p.q_elems()));
+    for (const harness::DeviceTensor* t : {&q, &k, &v})
+      harness::cuda_check(cudaMemset(t->get(), 0x3C, t->bytes.bytes()), "cudaMemset");
+    harness::DeviceBuffer<float> lse(p.rows());
+    harness::DeviceBuffer<unsigned char> workspace(workspace_bytes);
+    harness::DeviceBuffer<int> table, lens;
+    if (paged) {
+      std::vector<int> order(static_cast<size_t>(p.batch) * pages_per_seq);
+      for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+      std::shuffle(order.begin(), order.end(), std::mt19937(kSeed));
+      table = harness::DeviceBuffer<int>(order);
+      lens = harness::DeviceBuffer<int>(std::vector<int>(p.batch, p.seq_kv));
+    }
+    const int num_pages = p.batch * pages_per_seq;
+    const double seconds = time_cold_iterations(state, [&] {
+      if (paged)
+        return stage.forward_paged(q.get(), k.get(), v.get(), table.get(), lens.get(), o.get(), lse.get(), p.batch,
+                                   p.heads_q, p.heads_kv, p.seq_q, p.head_dim, kDecodePageSize, num_pages,
+                                   pages_per_seq, p.softmax_scale(), false, dtype, workspace.get(),
+                                   workspace.bytes(), nullptr);
+      return stage.forward(q.get(), k.get(), v.get(), o.get(), lse.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q,
+                           p.seq_kv, p.head_dim, p.softmax_scale(), false, dtype, workspace.get(), workspace.bytes(),
+                           nullptr);
+    });
+    if (seconds <= 0) return;
+    // The bytes the issue measures: K and V of every sequence's seq_kv keys, read once.
+    const double kv_bytes = 2.0 * p.kv_elems() * flash::dtype_size(dtype);
+    report(state, seconds, harness::forward_flops(p), kv_bytes, workspace_bytes);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+  }
+}
+
+// Names: stage13_decoding/bf16/decode/d128/h32kv8/batch:1/seq_kv:131072, and .../decode_paged64/... .
+void register_decode_benchmarks(const registry::Stage& stage) {
+  const flash::DType dtype = stage.dtypes.front();
+  for (bool paged : {false, true}) {
+    if (paged && !stage.forward_paged) continue;
+    const std::string name = std::string("stage") + stage.folder + "/" + flash::dtype_name(dtype) +
+                             (paged ? "/decode_paged" + std::to_string(kDecodePageSize) : std::string("/decode")) +
+                             "/d" + std::to_string(kDecodeHeadDim) + "/h" + std::to_string(kDecodeHeadsQ) + "kv" +
+                             std::to_string(kDecodeHeadsKv);
+    benchmark::internal::Benchmark* b = benchmark::RegisterBenchmark(
+        name.c_str(), [&stage, dtype, paged](benchmark::State& state) { bench_decode(state, stage, dtype, paged); });
+    b->ArgNames({"batch", "seq_kv"})->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(kMinTimeSeconds);
+    for (const auto& [batch, seq_kv] : kDecodeShapes) b->Args({batch, seq_kv});
+    if (paged) continue;  // the paged cache at the three shapes only
+    for (int seq_kv : kDecodeSweep)
+      if (seq_kv != kDecodeShapes.front().second) b->Args({1, seq_kv});
+  }
+}
+
 void register_benchmarks(bool with_exercises) {
   std::vector<const registry::Stage*> entries;
   for (const registry::Stage& s : registry::stages()) entries.push_back(&s);
@@ -205,6 +354,10 @@ void register_benchmarks(bool with_exercises) {
     for (const registry::Stage& s : registry::exercises()) entries.push_back(&s);
   for (const registry::Stage* entry : entries) {
     const registry::Stage& stage = *entry;
+    if (stage.max_seq_q != 0) {  // a decoding stage: decode shapes, not the prefill grid
+      register_decode_benchmarks(stage);
+      continue;
+    }
     for (flash::DType dtype : stage.dtypes) {
       for (int head_dim : kHeadDims) {
         for (bool causal : {false, true}) {

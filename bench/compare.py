@@ -5,6 +5,7 @@ on the same inputs, forward and backward, over the FlashAttention benchmark grid
     PYTHONPATH=<build>/python python3 bench/compare.py            # the full grid: 176 s on the course's H100
     PYTHONPATH=<build>/python python3 bench/compare.py --quick    # a small subset, a smoke test
     PYTHONPATH=<build>/python python3 bench/compare.py --dtype bfloat16   # the half stages (forward)
+    PYTHONPATH=<build>/python python3 bench/compare.py --decode           # stage 13 against SDPA's flash backend
 
 Implementations:
   stageNN          flash_stages.forward / .backward (backward only for stages that have one)
@@ -37,7 +38,19 @@ sdpa-math in the same dtype, and the table adds each stage's speed over sdpa-fla
 (FlashAttention-2) per cell and as a geometric mean.
 
 Writes bench/results/compare_<tag>.json, .md and compare_<tag>_forward.png / _backward.png; a half
-dtype adds it to the tag (compare_h100_bf16).
+dtype adds it to the tag (compare_h100_bf16). A decoding stage (Stage.max_seq_q set: stage 13) is left
+out of that grid, whose every problem has seq_q = seq_kv; --decode measures it.
+
+Decode (--decode): one new query per sequence against a cache, head_dim 128, 32 query heads on 8 K/V
+heads (GQA 4), bf16 (or --dtype float16), at (batch 1, seq_kv 131072), (8, 32768), (64, 4096) and over
+seq_kv 1024 .. 1048576 at batch 1. Implementations: the decoding stage on contiguous K/V
+(flash_stages.forward), on a paged cache of 64-key pages in shuffled order (flash_stages.decode_paged),
+and SDPA pinned to the flash backend with q [B, 32, 1, 128] and k, v [B, 8, N, 128] and enable_gqa=True
+(PyTorch 2.5 and later); where that is refused, SDPA gets K and V expanded to 32 heads
+(repeat_interleave, outside the timing) and the table says so. GB/s are the K and V bytes of the GQA
+problem (2 * B * 8 * N * 128 * 2) over the median time, for every implementation alike. L2 is flushed
+(a buffer of twice its size written) before every timed call, so no call finds the cache there.
+Writes compare_<gpu>_decode.json, .md and .png (GB/s against seq_kv with the HBM line).
 """
 
 import argparse
@@ -78,9 +91,16 @@ def parse_args():
                         "on an H100 every case runs; the naive stages 01-02 take about 2.4 s a call at N = 16384)")
     p.add_argument("--sets", type=int, default=2, help="input sets rotated through (default 2)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                   help="element type of q, k, v (default float32; TF32 stays off)")
-    return p.parse_args()
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="element type of q, k, v (default float32, with --decode bfloat16; TF32 stays off)")
+    p.add_argument("--decode", action="store_true",
+                   help="the decoding stage against SDPA's flash backend on decode shapes (see above)")
+    args = p.parse_args()
+    if args.dtype is None:
+        args.dtype = "bfloat16" if args.decode else "float32"
+    if args.decode and args.dtype == "float32":
+        p.error("--decode measures the half-precision decoding stage: --dtype bfloat16 or float16")
+    return args
 
 
 def log(t0, msg):
@@ -128,6 +148,8 @@ def main():
 
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
+    if args.decode:
+        return main_decode(args, t0, torch, flash_stages, F, SDPBackend, sdpa_kernel)
     budget_s = (args.budget_ms if args.budget_ms is not None else (100.0 if args.quick else 300.0)) / 1e3
     max_call_s = args.max_call_ms / 1e3
     seq_lens = QUICK_SEQ_LENS if args.quick else SEQ_LENS
@@ -139,7 +161,8 @@ def main():
     reference_impl = "sdpa-math" if half else REFERENCE_IMPL
     directions = ("forward",) if half else ("forward", "backward")
 
-    stages = [s for s in flash_stages.stages() if s.supports(dtype=args.dtype)]
+    # A decoding stage takes a few query rows, not the grid's seq_q = seq_kv: --decode measures it.
+    stages = [s for s in flash_stages.stages() if s.supports(dtype=args.dtype, seq_q=min(seq_lens))]
     backend_enum = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                     "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
 
@@ -485,6 +508,263 @@ def plots(meta, results, impls, base):
         plt.close(fig)
         written.append(path)
     return written
+
+
+# ------------------------------------------------------------------------------------------------
+# --decode: the decoding stage against SDPA's flash backend, GB/s over the K and V bytes
+# ------------------------------------------------------------------------------------------------
+
+DECODE_HEADS_Q, DECODE_HEADS_KV, DECODE_HEAD_DIM, DECODE_PAGE = 32, 8, 128, 64
+DECODE_SHAPES = [(1, 131072), (8, 32768), (64, 4096)]  # (batch, seq_kv): the issue's three
+DECODE_SWEEP = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]  # seq_kv at batch 1
+ANCHORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "pytorch_anchors_h100.md")
+
+
+def hbm_datasheet_tbs():
+    """The H100's datasheet HBM bandwidth as quoted in bench/results/pytorch_anchors_h100.md, or None."""
+    try:
+        with open(ANCHORS) as f:
+            m = re.search(r"HBM3 ([\d.]+) TB/s", f.read())
+        return float(m[1]) if m else None
+    except OSError:
+        return None
+
+
+def main_decode(args, t0, torch, flash_stages, F, SDPBackend, sdpa_kernel):
+    device = torch.device("cuda")
+    props = torch.cuda.get_device_properties(device)
+    dtype = getattr(torch, args.dtype)
+    short = {"bfloat16": "bf16", "float16": "fp16"}[args.dtype]
+    tag = args.tag or gpu_tag(props.name) + "_decode" + ("" if short == "bf16" else f"_{short}") + \
+        ("_quick" if args.quick else "")
+    budget_s = (args.budget_ms if args.budget_ms is not None else (30.0 if args.quick else 100.0)) / 1e3
+    decoding = [s for s in flash_stages.stages() if s.max_seq_q and s.supports(dtype=args.dtype,
+                                                                                head_dim=DECODE_HEAD_DIM)]
+    if not decoding:
+        sys.exit("compare.py --decode: no decoding stage in flash_stages (a stage with max_seq_q)")
+    st = decoding[-1]
+    name = f"stage{st.number:02d}"
+    impls = [name] + ([f"{name}-paged"] if st.paged else []) + ["sdpa-flash"]
+    shapes = list(DECODE_SHAPES) + [(1, n) for n in DECODE_SWEEP if (1, n) not in DECODE_SHAPES]
+    if args.quick:
+        shapes = [(1, 4096), (8, 4096)]
+    l2 = getattr(props, "L2_cache_size", 0) or (64 << 20)
+    flush = torch.empty(2 * l2, dtype=torch.uint8, device=device)
+    gqa_mode = {"mode": "enable_gqa"}
+    scale = DECODE_HEAD_DIM ** -0.5
+    log(t0, f"{props.name}, torch {torch.__version__} (CUDA {torch.version.cuda}); decode, {args.dtype}, "
+            f"budget {budget_s * 1e3:.0f} ms per case, L2 flushed ({2 * l2 / 2**20:.0f} MiB) before every call")
+
+    def time_cold(fn):
+        """(median us, min us, calls, the warm-up's result): L2 flushed before each timed call."""
+        warm = fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        flush.zero_()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        first = start.elapsed_time(end)
+        reps = int(min(50, max(5, math.ceil(budget_s * 1e3 / max(first, 1e-3)))))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps - 1)]
+        for a, b in events:
+            flush.zero_()
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        times = [first] + [a.elapsed_time(b) for a, b in events]
+        return statistics.median(times) * 1e3, min(times) * 1e3, len(times), warm
+
+    def sdpa_flash(q, k, v, expanded):
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            if expanded is not None:
+                return F.scaled_dot_product_attention(q, expanded[0], expanded[1], scale=scale)
+            return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+
+    results = []
+    for batch, seq_kv in shapes:
+        g = torch.Generator(device=device).manual_seed(7 + batch + seq_kv)
+        q = torch.randn(batch, DECODE_HEADS_Q, 1, DECODE_HEAD_DIM, generator=g, device=device, dtype=dtype)
+        k = torch.randn(batch, DECODE_HEADS_KV, seq_kv, DECODE_HEAD_DIM, generator=g, device=device, dtype=dtype)
+        v = torch.randn_like(k)
+        kv_bytes = 2 * k.numel() * k.element_size()
+        outputs = {}
+        for impl in impls:
+            row = dict(impl=impl, batch=batch, seq_kv=seq_kv, kv_bytes=kv_bytes, status="ok", reason="",
+                       median_us=None, min_us=None, runs=0, gbs=None, err_vs_flash=None)
+            try:
+                if impl == name:
+                    fn = lambda: flash_stages.forward(q, k, v, stage=st.number)[0]  # noqa: E731
+                elif impl.endswith("-paged"):
+                    pages = seq_kv // DECODE_PAGE
+                    order = torch.randperm(batch * pages, generator=torch.Generator().manual_seed(seq_kv)).to(device)
+
+                    def paged(t):  # [B, Hkv, N, d] -> pages [B * N / 64, 64, Hkv, d], page i stored at order[i]
+                        natural = t.view(batch, DECODE_HEADS_KV, pages, DECODE_PAGE, DECODE_HEAD_DIM)
+                        natural = natural.permute(0, 2, 3, 1, 4).reshape(batch * pages, DECODE_PAGE, DECODE_HEADS_KV,
+                                                                          DECODE_HEAD_DIM)
+                        out = torch.empty_like(natural)
+                        out[order] = natural
+                        return out
+
+                    k_pages, v_pages = paged(k), paged(v)
+                    table = order.view(batch, pages).to(torch.int32).contiguous()
+                    lens = torch.full((batch,), seq_kv, dtype=torch.int32, device=device)
+                    fn = lambda: flash_stages.decode_paged(q, k_pages, v_pages, table, lens, stage=st.number)[0]  # noqa
+                else:
+                    expanded = None
+                    if gqa_mode["mode"] == "expanded":
+                        expanded = (k.repeat_interleave(DECODE_HEADS_Q // DECODE_HEADS_KV, dim=1),
+                                    v.repeat_interleave(DECODE_HEADS_Q // DECODE_HEADS_KV, dim=1))
+                    else:
+                        try:
+                            sdpa_flash(q, k, v, None)
+                        except (TypeError, RuntimeError) as e:  # no enable_gqa, or the flash backend refuses it
+                            gqa_mode.update(mode="expanded", reason=str(e).splitlines()[0][:200])
+                            expanded = (k.repeat_interleave(DECODE_HEADS_Q // DECODE_HEADS_KV, dim=1),
+                                        v.repeat_interleave(DECODE_HEADS_Q // DECODE_HEADS_KV, dim=1))
+                    fn = lambda: sdpa_flash(q, k, v, expanded)  # noqa: E731
+                us, mn, runs, out = time_cold(fn)
+                row.update(median_us=us, min_us=mn, runs=runs, gbs=kv_bytes / (us * 1e-6) / 1e9)
+                outputs[impl] = out
+            except torch.OutOfMemoryError as e:
+                row.update(status="oom", reason=str(e).split("\n")[0][:200])
+            except Exception as e:  # a failed case must not lose the others' results
+                row.update(status="error", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            results.append(row)
+            fn = out = k_pages = v_pages = expanded = None  # noqa: F841 (free before the next case)
+        ref = outputs.get("sdpa-flash")
+        for row in results[-len(impls):]:
+            if ref is not None and row["impl"] in outputs and row["impl"] != "sdpa-flash":
+                x = outputs[row["impl"]]
+                row["err_vs_flash"] = (torch.linalg.vector_norm((x - ref).double()) /
+                                       torch.linalg.vector_norm(ref.double())).item()
+            detail = (f"{row['median_us']:10.1f} us {row['gbs']:8.1f} GB/s" if row["status"] == "ok"
+                      else f"{row['status']}: {row['reason']}")
+            err = f" err {row['err_vs_flash']:.1e}" if row["err_vs_flash"] is not None else ""
+            log(t0, f"B={batch:3d} N={seq_kv:8d} | {row['impl']:14s} {detail}{err}")
+        q = k = v = outputs = ref = None  # free this case's tensors before the next one's
+        torch.cuda.empty_cache()
+
+    elapsed = time.perf_counter() - t0
+    meta = dict(
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=" ".join(["PYTHONPATH=<build>/python python3 bench/compare.py"] + sys.argv[1:]),
+        gpu=props.name, torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+        dtype=args.dtype, heads_q=DECODE_HEADS_Q, heads_kv=DECODE_HEADS_KV, head_dim=DECODE_HEAD_DIM, seq_q=1,
+        page_size=DECODE_PAGE, sdpa_gqa=gqa_mode, hbm_datasheet_tbs=hbm_datasheet_tbs(),
+        timing=dict(method="CUDA events per call, median; L2 flushed before every call", warmup_calls=1,
+                    min_runs=5, max_runs=50, budget_ms=budget_s * 1e3, flush_bytes=2 * l2),
+        bytes="K and V of the GQA problem: 2 * B * heads_kv * seq_kv * head_dim * element size",
+        stage=dict(number=st.number, name=st.name), elapsed_s=round(elapsed, 1))
+    os.makedirs(args.out_dir, exist_ok=True)
+    base = os.path.join(args.out_dir, f"compare_{tag}")
+    with open(base + ".json", "w") as f:
+        json.dump(dict(meta=meta, results=results), f, indent=1)
+    table = decode_markdown(meta, results, impls)
+    with open(base + ".md", "w") as f:
+        f.write(table)
+    print("\n" + table, flush=True)
+    written = [base + ".json", base + ".md"]
+    if not args.no_plots:
+        written += decode_plot(meta, results, impls, base)
+    log(t0, "wrote " + ", ".join(os.path.relpath(p) for p in written))
+
+
+def decode_markdown(meta, results, impls):
+    rows = {(r["impl"], r["batch"], r["seq_kv"]): r for r in results}
+    stage = impls[0]
+    hbm = meta["hbm_datasheet_tbs"]
+    mode = ("`enable_gqa=True` (8 K/V heads read as they are)" if meta["sdpa_gqa"]["mode"] == "enable_gqa" else
+            "K and V expanded to 32 heads beforehand (`repeat_interleave`, not timed): the flash backend refused "
+            f"`enable_gqa` ({meta['sdpa_gqa'].get('reason', '')}), so it reads 4 times the bytes counted here")
+    lines = [
+        f"# Decoding: {stage} against SDPA's flash backend on the {meta['gpu']} ({meta['dtype']})",
+        "",
+        f"Made by `{meta['command']}` on {meta['date']} in {meta['elapsed_s']} s: PyTorch {meta['torch']} "
+        f"(CUDA {meta['cuda']}).",
+        "",
+        f"GB/s over the K and V bytes (2·B·{meta['heads_kv']}·N·{meta['head_dim']}·2), one new query per sequence, "
+        f"{meta['heads_q']} query heads on {meta['heads_kv']} K/V heads, head_dim {meta['head_dim']}; median of "
+        f"CUDA-event timings with L2 flushed before every call; time in µs in parentheses. {stage}-paged: pages of "
+        f"{meta['page_size']} keys in shuffled order. sdpa-flash: {mode}." +
+        (f" Of HBM: {stage} against the datasheet's {hbm} TB/s (`bench/results/pytorch_anchors_h100.md`)."
+         if hbm else ""),
+        "",
+        "| B | N | K+V (MiB) | " + " | ".join(impls) + (" | of HBM" if hbm else "") + f" | {stage} / flash |",
+        "|---|---|---|" + "---|" * (len(impls) + (2 if hbm else 1)),
+    ]
+    shapes = []
+    for r in results:
+        if (r["batch"], r["seq_kv"]) not in shapes:
+            shapes.append((r["batch"], r["seq_kv"]))
+    for batch, seq_kv in shapes:
+        cells = []
+        for impl in impls:
+            r = rows.get((impl, batch, seq_kv))
+            cells.append(f"{r['gbs']:.0f} ({r['median_us']:.1f})" if r and r["status"] == "ok" else "–")
+        ours, flash = rows.get((stage, batch, seq_kv)), rows.get(("sdpa-flash", batch, seq_kv))
+        ok = lambda r: r is not None and r["status"] == "ok"  # noqa: E731
+        if hbm:
+            cells.append(f"{100 * ours['gbs'] / (hbm * 1e3):.0f}%" if ok(ours) else "–")
+        cells.append(f"{flash['median_us'] / ours['median_us']:.2f}x" if ok(ours) and ok(flash) else "–")
+        kv = rows[next(k for k in rows if k[1:] == (batch, seq_kv))]["kv_bytes"] / 2**20
+        lines.append(f"| {batch} | {seq_kv} | {kv:.0f} | " + " | ".join(cells) + " |")
+    lines += ["", "## Notes", ""]
+    errs = [r["err_vs_flash"] for r in results if r["err_vs_flash"] is not None]
+    if errs:
+        lines.append(f"- Every output checked against sdpa-flash's on the same inputs: largest relative L2 difference "
+                     f"{max(errs):.1e}.")
+    for r in results:
+        if r["status"] != "ok":
+            lines.append(f"- {r['impl']} not run at B={r['batch']} N={r['seq_kv']}: {r['status']}: {r['reason']}.")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def decode_plot(meta, results, impls, base):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot", flush=True)
+        return []
+    fig, ax = plt.subplots(figsize=(8, 5))
+    styles = {impls[0]: ("-o", "C0"), "sdpa-flash": ("--s", "black")}
+    for impl in impls:
+        style, color = styles.get(impl, ("-^", "C2"))
+        pts = sorted((r["seq_kv"], r["gbs"]) for r in results if r["impl"] == impl and r["batch"] == 1 and
+                     r["status"] == "ok")
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], style, color=color, label=f"{impl}, batch 1", ms=5)
+        for r in results:
+            if r["impl"] == impl and r["batch"] != 1 and r["status"] == "ok":
+                ax.plot([r["seq_kv"]], [r["gbs"]], style[-1], color=color, mfc="none", ms=9)
+                ax.annotate(f"B={r['batch']}", (r["seq_kv"], r["gbs"]), textcoords="offset points", xytext=(6, -4),
+                            fontsize=7, color=color)
+    hbm = meta["hbm_datasheet_tbs"]
+    if hbm:
+        left = min(r["seq_kv"] for r in results)
+        ax.axhline(hbm * 1e3, color="k", lw=0.8)
+        ax.text(left, hbm * 1e3 * 1.01, f"HBM {hbm} TB/s (datasheet)", fontsize=8)
+        ax.axhline(0.8 * hbm * 1e3, color="k", lw=0.8, ls=":")
+        ax.text(left, 0.8 * hbm * 1e3 * 1.01, "80% of it", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("seq_kv (cache length); hollow markers: batch 8 and 64 at their lengths")
+    ax.set_ylabel("GB/s over the K and V bytes")
+    ax.set_title(f"decode: q [B, {meta['heads_q']}, 1, {meta['head_dim']}], k, v [B, {meta['heads_kv']}, N, "
+                 f"{meta['head_dim']}], {meta['dtype']}, {meta['gpu']}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    path = f"{base}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
 
 
 if __name__ == "__main__":

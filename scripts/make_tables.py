@@ -18,6 +18,12 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   ncu-dNN     Nsight Compute metrics of the fused kernels (stages 03-06) at head_dim NN, one row per
               metric, one column per stage, from bench/results/h100_ncu_dNN.csv
               (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time
+  decode-bench    stage 13's decode family of the benchmark (bench/results/h100_bench_decode.json):
+              GB/s over the K and V bytes, contiguous and paged, and their share of the HBM datasheet
+  decode-compare  stage 13 against SDPA's flash backend (bench/compare.py --decode's table,
+              bench/results/compare_h100_decode.md)
+Both decode tables say "not measured yet" and name the script until their file is committed
+(scripts/gpu_check_decode.sh writes both).
 
 Single figures in running text are generated the same way, inline:
 
@@ -49,6 +55,8 @@ NCU_BACKWARD = ROOT / "bench/results/h100_ncu_backward.csv"
 NCU = ROOT / "bench/results/h100_ncu_d{}.csv"
 COMPARE_JSON = ROOT / "bench/results/compare_h100.json"
 ANCHORS = ROOT / "bench/results/pytorch_anchors_h100.md"
+DECODE_BENCH = ROOT / "bench/results/h100_bench_decode.json"
+DECODE_COMPARE = ROOT / "bench/results/compare_h100_decode.md"
 # The Markdown pages whose generated regions --check covers when it is given no files.
 PAGES = ["README.md", "docs/mainpage.md", "docs/theory/*.md", "stages/*/README.md"]
 # H100 SXM datasheet FP32 (FFMA) peak, as quoted in bench/results/pytorch_anchors_h100.md (checked
@@ -301,12 +309,77 @@ def ptxas_backward_table():
     return "\n".join(lines)
 
 
+# stage13_decoding/bf16/decode/d128/h32kv8/batch:1/seq_kv:131072 (decode_paged64/...: the paged cache)
+DECODE_NAME = re.compile(r"stage(\d\d)_\w+/(\w+)/decode(?:_paged(\d+))?/d(\d+)/h(\d+)kv(\d+)/batch:(\d+)/seq_kv:(\d+)")
+
+
+def not_measured_yet(path):
+    """The text of a table whose results file is not committed yet."""
+    return (f"Not measured yet: `scripts/gpu_check_decode.sh` writes `{path.relative_to(ROOT).as_posix()}` on the "
+            "GPU machine; once it is committed, `python3 scripts/make_tables.py --update` fills this table.")
+
+
+def load_decode_bench():
+    """{(page_size or 0, batch, seq_kv): result} of the benchmark's decode family, with its problem."""
+    runs = {}
+    for b in json.loads(DECODE_BENCH.read_text())["benchmarks"]:
+        m = DECODE_NAME.match(b["name"])
+        if not m or "GB/s" not in b:
+            continue
+        runs[(int(m[3] or 0), int(m[7]), int(m[8]))] = dict(
+            stage=int(m[1]), dtype=m[2], d=int(m[4]), hq=int(m[5]), hkv=int(m[6]), gbs=b["GB/s"],
+            us=b["median_ms"] * 1e3)
+    return runs
+
+
+def decode_bench_table():
+    """Stage 13's decode family: GB/s over the K and V bytes and the share of the HBM datasheet figure."""
+    if not DECODE_BENCH.exists():
+        return not_measured_yet(DECODE_BENCH)
+    runs = load_decode_bench()
+    hbm_gbs = float(load_anchors()["hbm"]) * 1e3
+    pages = sorted({k[0] for k in runs if k[0]})
+    shapes = [k[1:] for k in runs if k[0] == 0]  # the benchmark's order: the issue's three, then the sweep
+    any_run = next(iter(runs.values()))
+    head = "| batch | seq_kv | K+V (MiB) | µs | GB/s | of HBM |"
+    for page in pages:
+        head += f" paged ({page}-key pages): GB/s | of HBM |"
+    lines = [head, "|---|---|---|---|---|---|" + "---|---|" * len(pages)]
+    for batch, seq_kv in shapes:
+        r = runs[(0, batch, seq_kv)]
+        kv_mib = 2 * batch * r["hkv"] * seq_kv * r["d"] * 2 / 2 ** 20
+        cells = [f"{r['us']:.1f}", f"{r['gbs']:.0f}", f"{100 * r['gbs'] / hbm_gbs:.0f}%"]
+        for page in pages:
+            pr = runs.get((page, batch, seq_kv))
+            cells += [f"{pr['gbs']:.0f}", f"{100 * pr['gbs'] / hbm_gbs:.0f}%"] if pr else ["–", "–"]
+        lines.append(f"| {batch} | {seq_kv} | {kv_mib:.0f} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"Stage {any_run['stage']:02d}, {any_run['dtype']}, one new query per sequence, {any_run['hq']} query "
+                 f"heads on {any_run['hkv']} K/V heads, head_dim {any_run['d']}; GB/s are the K and V bytes "
+                 f"(2·B·{any_run['hkv']}·N·{any_run['d']}·2) over the median time, L2 flushed before every call; of HBM: "
+                 f"against the datasheet's {load_anchors()['hbm']} TB/s (`bench/results/pytorch_anchors_h100.md`). "
+                 "From `bench/results/h100_bench_decode.json` (`flash-stages-bench --benchmark_filter=decode`).")
+    return "\n".join(lines)
+
+
+def decode_compare_table():
+    """Stage 13 against SDPA's flash backend: bench/compare.py --decode's own table, as it wrote it."""
+    if not DECODE_COMPARE.exists():
+        return not_measured_yet(DECODE_COMPARE)
+    text = DECODE_COMPARE.read_text()
+    body = text[text.index("GB/s over the K and V bytes"):text.index("## Notes")].strip()
+    made_by = next(line for line in text.splitlines() if line.startswith("Made by"))
+    return f"{made_by}\n\n{body}\n\nNotes: `bench/results/compare_h100_decode.md`; the plot: " \
+           "`bench/results/compare_h100_decode.png`."
+
+
 def tables():
     runs = load_bench()
     out = {"course": course_table(runs), "runner": runner_table(), "compare": compare_table(),
            "backward-split": backward_split_table(), "compare-bf16": compare_half_table("bf16"),
            "compare-fp16": compare_half_table("fp16"),
-           "stage10-variants": variants_table(), "ptxas-backward": ptxas_backward_table()}
+           "stage10-variants": variants_table(), "ptxas-backward": ptxas_backward_table(),
+           "decode-bench": decode_bench_table(), "decode-compare": decode_compare_table()}
     for d in (64, 128):
         if (RESULTS / f"h100_ncu_tensor_d{d}_raw.csv").exists():
             out[f"ncu-tensor-d{d}"] = ncu_tensor_table(d)
@@ -403,6 +476,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       traffic-ms/SS/dD/PASSES           PASSES passes over stage SS's workspace at the course problem, in
                                         ms at the copy rate of pytorch_anchors_h100.md
       ratio/SPEC_A+SPEC_B               the figure SPEC_A over the figure SPEC_B (2 decimals)
+      decode/PAGE/B/N/gbs|pct|us        stage 13's decode family in h100_bench_decode.json (PAGE 0: the
+                                        contiguous cache, else the page size; pct: % of the HBM datasheet)
     """
     parts = spec.split("/")
     kind = parts[0]
@@ -532,6 +607,11 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
             if (m[1], m[2], m[3] or "") == (stage, kernel, d):
                 return {"stack": m[4], "spill-stores": m[5], "spill-loads": m[6], "registers": m[7]}[what]
         raise KeyError(spec)
+    if kind == "decode":  # decode/PAGE/B/N/gbs|pct|us
+        r = load_decode_bench()[(int(parts[1]), int(parts[2]), int(parts[3]))]
+        if parts[4] == "pct":
+            return f"{100 * r['gbs'] / (float((anchors if anchors is not None else load_anchors())['hbm']) * 1e3):.0f}"
+        return f"{r['us']:.1f}" if parts[4] == "us" else f"{r['gbs']:.0f}"
     if kind == "traffic-ms":  # traffic-ms/SS/dD/PASSES: passes over the workspace at the measured copy rate
         stage, d, passes = int(parts[1]), int(parts[2][1:]), int(parts[3])
         workspace = next(b["workspace_bytes"] for b in json.loads(BENCH.read_text())["benchmarks"]
