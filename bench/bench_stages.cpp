@@ -14,7 +14,7 @@
 //
 // A decoding stage (registry max_seq_q set, stage 13) is not run on that grid, whose every problem has
 // seq_q = seq_kv. It gets a decode family of its own (register_decode_benchmarks): one new query per
-// sequence, head_dim 128, 32 query heads on 8 K/V heads (GQA 4), bf16, at the issue's three shapes and
+// sequence, head_dim 128, 32 query heads on 8 K/V heads (GQA 4), bf16, at the three target shapes and
 // over cache lengths at batch 1, contiguous and paged; GB/s over the K and V bytes read, with L2
 // flushed before every call. Its JSON is bench/results/h100_bench_decode.json:
 //   build/bin/flash-stages-bench --benchmark_filter=decode --benchmark_out=h100_bench_decode.json
@@ -212,13 +212,13 @@ void bench_backward(benchmark::State& state, const registry::Stage& stage, int h
 // Decoding (stage 13): bandwidth over the K and V bytes
 // ---------------------------------------------------------------------------------------------
 
-// The decode problem of the issue: one new query, 32 query heads sharing 8 K/V heads, head_dim 128.
+// The decode problem stage 13 is measured on: one new query, 32 query heads sharing 8 K/V heads, head_dim 128.
 constexpr int kDecodeHeadsQ = 32;
 constexpr int kDecodeHeadsKv = 8;
 constexpr int kDecodeHeadDim = 128;
 constexpr int kDecodeSeqQ = 1;
 constexpr int kDecodePageSize = 64;
-// (batch, seq_kv): the issue's three shapes, then cache lengths at batch 1.
+// (batch, seq_kv): the three target shapes (lesson 13), then cache lengths at batch 1.
 const std::vector<std::pair<int, int>> kDecodeShapes = {{1, 131072}, {8, 32768}, {64, 4096}};
 const std::vector<int> kDecodeSweep = {1024, 4096, 16384, 65536, 262144, 1 << 20};
 
@@ -320,7 +320,7 @@ void bench_decode(benchmark::State& state, const registry::Stage& stage, flash::
                            nullptr);
     });
     if (seconds <= 0) return;
-    // The bytes the issue measures: K and V of every sequence's seq_kv keys, read once.
+    // The bytes that count: K and V of every sequence's seq_kv keys, read once.
     const double kv_bytes = 2.0 * p.kv_elems() * flash::dtype_size(dtype);
     report(state, seconds, harness::forward_flops(p), kv_bytes, workspace_bytes);
   } catch (const std::exception& e) {

@@ -515,7 +515,7 @@ def plots(meta, results, impls, base):
 # ------------------------------------------------------------------------------------------------
 
 DECODE_HEADS_Q, DECODE_HEADS_KV, DECODE_HEAD_DIM, DECODE_PAGE = 32, 8, 128, 64
-DECODE_SHAPES = [(1, 131072), (8, 32768), (64, 4096)]  # (batch, seq_kv): the three
+DECODE_SHAPES = [(1, 131072), (8, 32768), (64, 4096)]  # (batch, seq_kv): the three target shapes
 DECODE_SWEEP = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]  # seq_kv at batch 1
 ANCHORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "pytorch_anchors_h100.md")
 

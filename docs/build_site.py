@@ -403,13 +403,20 @@ def diff_html(root, stage, prev):
 # Pages
 # ---------------------------------------------------------------------------------------------
 
-def measured_gain(runs, stage):
-    """What the stage buys, in measured figures from bench/results (via make_tables.load_bench)."""
+def measured_gain(runs, stage, decode=None):
+    """What the stage buys, in measured figures from bench/results (via make_tables.load_bench; a decoding
+    stage, which the prefill grid does not run, via make_tables.load_decode_bench)."""
     def get(n, d, causal):
         return runs.get((n, d, causal, COURSE_SEQ))
 
     numbers = sorted({k[0] for k in runs})
     dims = [d for d in (64, 128) if get(stage.number, d, False)]
+    decoded = {k: r for k, r in (decode or {}).items() if r["stage"] == stage.number and k[0] == 0}
+    if not dims and decoded:
+        batch, seq_kv = (1, 131072) if (0, 1, 131072) in decoded else min(k[1:] for k in decoded)  # the issue's first
+        r = decoded[(0, batch, seq_kv)]
+        return (f"{r['gbs']:.0f} GB/s over K and V, decoding (batch {batch}, {seq_kv} keys, {r['hq']}/{r['hkv']} heads, "
+                f"d = {r['d']}; `bench/results/h100_bench_decode.json`)")
     if not dims:
         return "not in `bench/results/` yet"
     which = f"(d = {' / '.join(map(str, dims))})"
@@ -427,7 +434,7 @@ def measured_gain(runs, stage):
     return text
 
 
-def course_map(text, stages, runs):
+def course_map(text, stages, runs, decode=None):
     """Adds a lesson link and the measured column to the hand-written stage table of mainpage.md."""
     def rebuild(m):
         rows = {}
@@ -439,7 +446,7 @@ def course_map(text, stages, runs):
                "|---|---|---|---|"]
         for s in stages:
             idea, buys = (rows[s.number][1], rows[s.number][2]) if s.number in rows else (s.idea, "see the lesson")
-            out.append(f"| [{s.number:02d}](@ref {s.label}) | {idea} | {buys} | {measured_gain(runs, s)} |")
+            out.append(f"| [{s.number:02d}](@ref {s.label}) | {idea} | {buys} | {measured_gain(runs, s, decode)} |")
         out.append("")
         out.append("The measured column is computed when the site is built, from `bench/results/h100_bench.json` "
                    "(batch 4, 16 heads, non-causal unless it says causal).")
@@ -528,6 +535,7 @@ def build_pages(root, out):
     tables = make_tables.tables()
     values = make_tables.Values()
     runs = make_tables.load_bench()
+    decode = make_tables.load_decode_bench() if make_tables.DECODE_BENCH.exists() else {}
 
     # Anchors first: a page may link to a heading of any other.
     sources = [(root / "docs/mainpage.md", "index")] + [(p, theory_label(p)) for p in theory] + \
@@ -543,7 +551,7 @@ def build_pages(root, out):
     main_src = root / "docs/mainpage.md"
     titles = {p: page_title(p) for p in theory}
     text = to_doxygen(fill_tables(main_src.read_text(), tables, main_src, values), main_src, "index", ctx)
-    (out / "mainpage.md").write_text(page_lists(course_map(text, stages, runs), stages, theory, titles))
+    (out / "mainpage.md").write_text(page_lists(course_map(text, stages, runs, decode), stages, theory, titles))
     section_pages(out, stages, theory, titles)
 
     for p in theory:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's run for stage 13 (decoding), in one call of about five minutes: stage 13's tests
 # (ctest -L stage13: its CPU checks and its GPU sweep, paged cache included) and its Python tests, the
-# runner on the issue's decode shape, compute-sanitizer (memcheck, racecheck, synccheck) on a small
+# runner on a target decode shape, compute-sanitizer (memcheck, racecheck, synccheck) on a small
 # decode problem contiguous (through the runner, with splits and the merge) and paged (through one test
 # case), the decode benchmark family and bench/compare.py --decode.
 #
@@ -35,7 +35,7 @@ PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=$build/python timeout 150 python3 -m pytest
   tests/python/test_decoding.py tests/python/test_package.py > "$res/h100_pytest_decode.log" 2>&1 || status=1
 say "pytest test_decoding.py test_package.py ($SECONDS s): $(tail -1 "$res/h100_pytest_decode.log")"
 
-# 2. The runner on the issue's middle shape (checked against stage 10 and the fp64 reference, timed).
+# 2. The runner on the middle target shape (checked against stage 10 and the fp64 reference, timed).
 timeout 60 $build/bin/flash-stages --stage 13 --batch 8 --heads 32 --heads-kv 8 --seq-q 1 --seq-kv 32768 \
   --head-dim 128 > "$res/h100_runner_decode.txt" 2>&1 || status=1
 tail -2 "$res/h100_runner_decode.txt"

@@ -339,7 +339,7 @@ def decode_bench_table():
     runs = load_decode_bench()
     hbm_gbs = float(load_anchors()["hbm"]) * 1e3
     pages = sorted({k[0] for k in runs if k[0]})
-    shapes = [k[1:] for k in runs if k[0] == 0]  # the benchmark's order: the three, then the sweep
+    shapes = [k[1:] for k in runs if k[0] == 0]  # the benchmark's order: the three targets, then the sweep
     any_run = next(iter(runs.values()))
     head = "| batch | seq_kv | K+V (MiB) | µs | GB/s | of HBM |"
     for page in pages:

@@ -137,7 +137,7 @@ std::vector<harness::Problem> decode_sweep() {
   for (const auto& h : {std::array<int, 3>{1, 8, 2}, std::array<int, 3>{1, 8, 1}})
     for (int seq_q : {1, 16})
       for (int head_dim : {64, 128}) add(h[0], h[1], h[2], seq_q, 65537, head_dim);
-  // Large batches: 64 and 256 sequences, the GQA 32/8.
+  // Large batches: 64 and 256 sequences, the measured GQA 32/8.
   add(64, 32, 8, 1, 255, 128);
   add(256, 32, 8, 1, 7, 128);
   add(256, 8, 2, 2, 255, 64);

@@ -234,7 +234,7 @@ TEST(stage13_decoding, RegistryEntry) {
   EXPECT_EQ(registry::previous(*s, {1, 32, 8, 1, 4096, 128, false, 0.0f, flash::DType::kBf16})->number, 10);
 }
 
-// Well-formed contiguous call of the decoding shape the issue measures; each test breaks one thing.
+// Well-formed contiguous call of the decoding shape stage 13 is measured on; each test breaks one thing.
 struct DecodeCall : Call {
   explicit DecodeCall(const registry::Stage& s) : Call(s) {
     batch = 1;
@@ -295,7 +295,7 @@ TEST(stage13_decoding, WorkspaceIsMaxSplitsPartialRows) {
 }
 
 // The split plan on an H100 (132 SMs, two blocks of the head_dim 128 kernel per SM), the numbers the
-// lesson works through: one wave of blocks for the three shapes of the issue.
+// lesson works through: one wave of blocks for its three target shapes.
 TEST(stage13_decoding, SplitPlanForTheH100) {
   EXPECT_EQ(stage13::choose_splits(1, 32, 8, 1, 131072, 132, 2), 33);  // 8 x 33 = 264 blocks: one wave
   EXPECT_EQ(stage13::choose_splits(8, 32, 8, 1, 32768, 132, 2), 4);    // 256 blocks

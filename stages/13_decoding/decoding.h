@@ -25,8 +25,10 @@ namespace stage13 {
 // The most query rows per sequence and head: decoding is one new token, or a few (speculative
 // decoding, a short chunk); more rows are prefill, stage 10's work.
 constexpr int kMaxSeqQ = 16;
-// page_size must be a power of two from kMinPageSize to kMaxPageSize.
+// The smallest page_size the paged entry point takes (a page_size is a power of two): every 16-key
+// slice a warp computes on then lies in one page.
 constexpr int kMinPageSize = 16;
+// The largest page_size the paged entry point takes.
 constexpr int kMaxPageSize = 1 << 16;
 
 // ---------------------------------------------------------------------------------------------
