@@ -21,11 +21,16 @@ sed -n '/^Why they were skipped:/,$p' "$out/ctest.log"  # one reason per skipped
 $build/bin/flash-stages | tee -a "$out/runner.txt" || status=1
 $build/bin/flash-stages --json > "$out/runner.json" || status=1
 
-# compute-sanitizer on the runner, one stage at a time, on a problem small enough to finish quickly.
+# compute-sanitizer on the runner, one stage at a time, on a problem small enough to finish quickly; a
+# decoding stage (stage 13, at most 16 query rows) on a decode problem with several splits.
 for stage in $($build/bin/flash-stages --list | awk '{print $1}'); do
+  shape="--batch 1 --heads 2 --seq 200"
+  if $build/bin/flash-stages --list | grep -qE "^$stage +decoding"; then
+    shape="--batch 1 --heads 4 --heads-kv 2 --seq-q 3 --seq-kv 3000"
+  fi
   for tool in memcheck racecheck synccheck; do
-    if compute-sanitizer --tool $tool --error-exitcode 9 $build/bin/flash-stages --stage "$stage" --batch 1 --heads 2 \
-         --seq 200 --runs 1 > "$out/sanitizer_last.log" 2>&1; then
+    if compute-sanitizer --tool $tool --error-exitcode 9 $build/bin/flash-stages --stage "$stage" $shape \
+         --runs 1 > "$out/sanitizer_last.log" 2>&1; then
       echo "sanitizer stage $stage $tool: clean"
     else
       echo "sanitizer stage $stage $tool: FAILED"; tail -20 "$out/sanitizer_last.log"; status=1
