@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "harness.h"
+#include "l2_flush.h"
 #include "registry.h"
 
 namespace {
@@ -222,8 +223,9 @@ constexpr int kDecodePageSize = 64;
 const std::vector<std::pair<int, int>> kDecodeShapes = {{1, 131072}, {8, 32768}, {64, 4096}};
 const std::vector<int> kDecodeSweep = {1024, 4096, 16384, 65536, 262144, 1 << 20};
 
-// A device buffer twice the size of L2, written before every timed call: the call then finds none of
-// its K and V in L2, as a decode step does when every layer reads a cache of its own.
+// A device buffer twice the size of L2, read before every timed call (bench::read_through_l2): the
+// call then finds none of its K and V in L2, as a decode step does when every layer reads a cache of
+// its own, and no dirty line of the flush is left for it to write back.
 class L2Flush {
  public:
   L2Flush() {
@@ -231,9 +233,11 @@ class L2Flush {
     harness::cuda_check(cudaGetDevice(&device), "cudaGetDevice");
     harness::cuda_check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
     buffer_ = harness::DeviceBuffer<unsigned char>(2 * static_cast<size_t>(l2 > 0 ? l2 : 1 << 26));
+    harness::cuda_check(cudaMemset(buffer_.get(), 0, buffer_.bytes()), "cudaMemset");
   }
   void operator()() const {
-    harness::cuda_check(cudaMemsetAsync(buffer_.get(), 0, buffer_.bytes()), "cudaMemsetAsync");
+    bench::read_through_l2(buffer_.get(), buffer_.bytes(), nullptr);
+    harness::cuda_check(cudaGetLastError(), "read_through_l2");
   }
 
  private:

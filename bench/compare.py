@@ -49,7 +49,7 @@ and SDPA pinned to the flash backend with q [B, 32, 1, 128] and k, v [B, 8, N, 1
 (PyTorch 2.5 and later); where that is refused, SDPA gets K and V expanded to 32 heads
 (repeat_interleave, outside the timing) and the table says so. GB/s are the K and V bytes of the GQA
 problem (2 * B * 8 * N * 128 * 2) over the median time, for every implementation alike. L2 is flushed
-(a buffer of twice its size written) before every timed call, so no call finds the cache there.
+(a buffer of twice its size read) before every timed call, so no call finds the cache there.
 Writes compare_<gpu>_decode.json, .md and .png (GB/s against seq_kv with the HBM line).
 """
 
@@ -549,7 +549,12 @@ def main_decode(args, t0, torch, flash_stages, F, SDPBackend, sdpa_kernel):
     if args.quick:
         shapes = [(1, 4096), (8, 4096)]
     l2 = getattr(props, "L2_cache_size", 0) or (64 << 20)
-    flush = torch.empty(2 * l2, dtype=torch.uint8, device=device)
+    # Read (not written) before every timed call: a read leaves clean lines in L2, which the call evicts
+    # for free; a write would leave dirty ones, whose write-back the call would pay for.
+    flush_buffer = torch.zeros(2 * l2, dtype=torch.uint8, device=device)
+
+    def flush():
+        flush_buffer.max()
     gqa_mode = {"mode": "enable_gqa"}
     scale = DECODE_HEAD_DIM ** -0.5
     log(t0, f"{props.name}, torch {torch.__version__} (CUDA {torch.version.cuda}); decode, {args.dtype}, "
@@ -560,7 +565,7 @@ def main_decode(args, t0, torch, flash_stages, F, SDPBackend, sdpa_kernel):
         warm = fn()
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        flush.zero_()
+        flush()
         start.record()
         fn()
         end.record()
@@ -569,7 +574,7 @@ def main_decode(args, t0, torch, flash_stages, F, SDPBackend, sdpa_kernel):
         reps = int(min(50, max(5, math.ceil(budget_s * 1e3 / max(first, 1e-3)))))
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps - 1)]
         for a, b in events:
-            flush.zero_()
+            flush()
             a.record()
             fn()
             b.record()
