@@ -90,7 +90,8 @@ std::vector<Case> sweep() {
         for (const auto& h : heads)
           for (const auto& [seq_q, seq_kv] : seqs)
             for (bool causal : {false, true}) {
-              const harness::Problem p{h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal, 0.0f, dtype};
+              harness::Problem p{h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal};
+              p.dtype = dtype;
               if (entry->supports(p)) cases.push_back(case_of(*entry, p));
             }
   return cases;
@@ -263,17 +264,20 @@ TEST_P(EveryStage, LongSequenceMatchesPreviousStage) {
 }
 
 // The scale is any finite number: negative (the softmax then favours the smallest scores, and a
-// kernel that takes the max before scaling, or scales masked -inf, goes wrong) and large.
+// kernel that takes the max before scaling, or scales masked -inf, goes wrong), zero (every visible
+// key weighs the same; -inf times 0 would be NaN) and large. Both head dims, since a stage may
+// choose different code per head_dim.
 TEST_P(EveryStage, AnyScaleMatchesReference) {
-  for (float scale : {-0.2f, 1.5f}) {
-    harness::Problem p = problem({2, 4, 2, 129, 200, 64, stage().causal});
-    p.scale = scale;
-    const harness::HostInputs host = harness::make_inputs(p, kSeed);
-    const registry::ForwardResult got = registry::run_forward(stage(), p, host);
-    ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
-    SCOPED_TRACE("scale " + std::to_string(scale));
-    expect_matches_reference(stage(), p, host, got, harness::sample_rows(p.rows(), p.rows()), kFp32Tolerance);
-  }
+  for (int head_dim : {64, 128})
+    for (float scale : {-0.2f, 0.0f, 1.5f}) {
+      harness::Problem p = problem({2, 4, 2, 129, 200, head_dim, stage().causal});
+      p.scale = scale;
+      const harness::HostInputs host = harness::make_inputs(p, kSeed);
+      const registry::ForwardResult got = registry::run_forward(stage(), p, host);
+      ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", scale " + std::to_string(scale));
+      expect_matches_reference(stage(), p, host, got, harness::sample_rows(p.rows(), p.rows()), kFp32Tolerance);
+    }
 }
 
 // O(N) memory: at seq 131072 the score matrix alone is 64 GiB. Stages that materialize it refuse to
