@@ -112,7 +112,8 @@ void require_gpu() {
 void require_compute_capability(const registry::Stage& s) {
   if (s.min_compute_capability == 0) return;
   const flash::Status status = flash::check_compute_capability(s.min_compute_capability);
-  if (status.code == flash::StatusCode::kArchNotSupported) GTEST_SKIP() << s.label() << ": " << flash::to_string(status);
+  if (status.code == flash::StatusCode::kArchNotSupported)
+    GTEST_SKIP() << s.label() << ": " << flash::to_string(status);
 }
 
 // For an exercise, every failure of a test ends with a trace naming the exercise and its file.
@@ -500,7 +501,8 @@ TEST_P(StageSharedMemory, EachLimitSelectsTilesThatFit) {
     for (const auto& [tiles, pass] : {std::pair{s.forward_tiles, "forward"}, {s.backward_tiles, "backward"}}) {
       if (!tiles) continue;
       for (int d : s.head_dims) {
-        SCOPED_TRACE(std::string(pass) + " at head_dim " + std::to_string(d) + " under " + std::to_string(kib) + " KiB");
+        SCOPED_TRACE(std::string(pass) + " at head_dim " + std::to_string(d) + " under " + std::to_string(kib) +
+                     " KiB");
         flash::TileShape own, limited;
         ASSERT_TRUE(tiles(d, own_limit, &own).ok());
         const flash::Status status = tiles(d, limit, &limited);
