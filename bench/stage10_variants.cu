@@ -15,7 +15,8 @@
 
 namespace {
 
-constexpr int kExitNoGpu = 2;
+constexpr int kExitNoGpu = 2;  // no GPU, or none with the tensor-core instructions of sm_80
+constexpr int kMinComputeCapability = 80;  // what stage 10 needs: its variants are launched directly
 constexpr uint64_t kSeed = 2024;
 constexpr int kTokens = 16384;
 constexpr int kHeadsTimesDim = 2048;
@@ -76,6 +77,11 @@ int main(int argc, char** argv) {
   std::string why;
   if (!harness::gpu_available(&why)) {
     std::fprintf(stderr, "stage10-variants: %s\n", why.c_str());
+    return kExitNoGpu;
+  }
+  const flash::Status arch = flash::check_compute_capability(kMinComputeCapability);
+  if (!arch.ok()) {
+    std::fprintf(stderr, "stage10-variants: %s\n", flash::to_string(arch).c_str());
     return kExitNoGpu;
   }
   if (json) std::printf("[\n");

@@ -399,7 +399,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       runner/SS/COLUMN                  a cell of h100_runner.txt (time_ms, tflops, err_vs_prev, err_vs_ref)
       runner-max/AA-BB/COLUMN           the largest err_vs_ref (or other number column) of stages AA..BB
       ptxas/SS/KERNEL/dD/WHAT           registers, stack, spill-stores, spill-loads of a kernel (e.g.
-                                        online_softmax_attention_kernel, dk_dv_kernel) in ptxas_sm90.txt
+                                        online_softmax_attention_kernel, dk_dv_kernel) in ptxas_sm90.txt;
+                                        of a kernel compiled for several tile sizes, the largest (the H100's)
       traffic-ms/SS/dD/PASSES           PASSES passes over stage SS's workspace at the course problem, in
                                         ms at the copy rate of pytorch_anchors_h100.md
       ratio/SPEC_A+SPEC_B               the figure SPEC_A over the figure SPEC_B (2 decimals)
@@ -525,13 +526,16 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
     if kind == "ptxas":
         stage, kernel, d, what = parts[1], parts[2], parts[3][1:], parts[4]
         text = (RESULTS / "ptxas_sm90.txt").read_text()
+        # The template arguments follow the kernel's name: head_dim first, then (stages 04-07) the tile
+        # size, of which the H100 runs the largest.
         entry = re.compile(r"Function properties for _ZN7stage(\d\d)\w*?_cu_[0-9a-f]{8}\d+([a-z_]+_kernel)"
-                           r"(?:ILi(\d+)E)?\w*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                           r"(?:ILi(\d+)E(?:Li(\d+)E)?)?\w*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
                            r"(\d+) bytes spill loads\nptxas info\s*: Used (\d+) registers")
-        for m in entry.finditer(text):
-            if (m[1], m[2], m[3] or "") == (stage, kernel, d):
-                return {"stack": m[4], "spill-stores": m[5], "spill-loads": m[6], "registers": m[7]}[what]
-        raise KeyError(spec)
+        found = [m for m in entry.finditer(text) if (m[1], m[2], m[3] or "") == (stage, kernel, d)]
+        if not found:
+            raise KeyError(spec)
+        m = max(found, key=lambda m: int(m[4] or 0))
+        return {"stack": m[5], "spill-stores": m[6], "spill-loads": m[7], "registers": m[8]}[what]
     if kind == "traffic-ms":  # traffic-ms/SS/dD/PASSES: passes over the workspace at the measured copy rate
         stage, d, passes = int(parts[1]), int(parts[2][1:]), int(parts[3])
         workspace = next(b["workspace_bytes"] for b in json.loads(BENCH.read_text())["benchmarks"]

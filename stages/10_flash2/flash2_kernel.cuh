@@ -354,16 +354,18 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   }
 }
 
-// Launches flash2_kernel with Config for one dtype and head_dim: the shared-memory opt-in, the
-// grid, and the launch check.
+// Launches flash2_kernel with Config for one dtype and head_dim: the shared-memory check and
+// opt-in, the grid, and the launch check.
 template <typename Element, int kHeadDim, class Config>
 flash::Status launch_flash2(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
                             int heads_kv, int seq_q, int seq_kv, float scale, bool causal, cudaStream_t stream) {
   const auto kernel = causal ? flash2_kernel<Element, kHeadDim, true, Config>
                              : flash2_kernel<Element, kHeadDim, false, Config>;
   constexpr size_t kSharedBytes = sizeof(kernel_detail::SharedTiles<Element, kHeadDim, Config>);
-  const flash::Status status = flash::cuda_status(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
+  flash::Status status = flash::check_shared_memory(kSharedBytes);
+  if (status.ok())
+    status = flash::cuda_status(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
   if (!status.ok()) return status;
   constexpr int kBlockRows = Config::kWarps * Config::kWarpRows;
   const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;
