@@ -7,7 +7,10 @@
 // - Each warp owns kWarpRows query rows for the whole kernel. A thread holds a 4 x kKeysPerThread
 //   block of scores and a 4 x (head_dim / 8) block of the output in registers, as a
 //   register-blocked SGEMM does: every float4 it reads from shared memory feeds four or more
-//   multiply-adds, so the loops run at the rate of the FMA units rather than of shared memory.
+//   multiply-adds, where stage 04 loaded two scalars for each. That does not make the FMA units the
+//   limit: what binds instead (the shared-memory pipe's passes, scheduler cycles with no warp ready
+//   to issue, the instructions that are not FFMAs) is measured with Nsight Compute in the lesson,
+//   under "What binds now".
 // - The eight lanes that share a row (a quarter warp) each hold part of that row's scores. The
 //   row max and row sum are finished with three __shfl_xor_sync steps (a butterfly over lane bits
 //   0..2): registers to registers, no shared memory and no barrier.
