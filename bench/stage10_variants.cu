@@ -15,7 +15,8 @@
 
 namespace {
 
-constexpr int kExitNoGpu = 2;
+constexpr int kExitNoGpu = 2;  // no GPU, or none with the tensor-core instructions of sm_80
+constexpr int kMinComputeCapability = 80;  // what stage 10 needs: its variants are launched directly
 constexpr uint64_t kSeed = 2024;
 constexpr int kTokens = 16384;
 constexpr int kHeadsTimesDim = 2048;
@@ -26,7 +27,7 @@ using Launch = flash::Status (*)(const void*, const void*, const void*, void*, f
                                  bool, cudaStream_t);
 
 struct Variant {
-  const char* name;  // warps x rows x keys per tile, Q in registers or shared memory, blocks per SM
+  const char* name;  // warps x rows x keys per tile, Q in registers or shared memory, blocks per SM, lazy rescale
   int head_dim;      // 0: every head_dim (a registered stage)
   Launch launch;
 };
@@ -40,9 +41,10 @@ flash::Status registered(const void* q, const void* k, const void* v, void* o, f
                                          causal, flash::DType::kBf16, nullptr, 0, stream);
 }
 
-template <int kHeadDim, int kWarps, int kWarpRows, int kBlockCols, bool kQInRegisters, int kMinBlocks>
+template <int kHeadDim, int kWarps, int kWarpRows, int kBlockCols, bool kQInRegisters, int kMinBlocks,
+          bool kLazyRescale = false>
 Variant variant(const char* name) {
-  using Config = stage10::TileConfig<kWarps, kWarpRows, kBlockCols, kQInRegisters, kMinBlocks>;
+  using Config = stage10::TileConfig<kWarps, kWarpRows, kBlockCols, kQInRegisters, kMinBlocks, kLazyRescale>;
   return {name, kHeadDim, stage10::launch_flash2<__nv_bfloat16, kHeadDim, Config>};
 }
 
@@ -56,10 +58,12 @@ const std::vector<Variant>& variants() {
       variant<64, 4, 32, 64, true, 2>("4w x32r x 64k, Q regs, 2 blk/SM"),
       variant<64, 4, 32, 128, false, 1>("4w x32r x128k, Q smem, 1 blk/SM"),
       variant<64, 8, 32, 64, false, 1>("8w x32r x 64k, Q smem, 1 blk/SM"),
+      variant<64, 4, 32, 64, true, 2, true>("4w x32r x 64k, Q regs, 2 blk/SM, lazy"),
       variant<128, 4, 16, 64, true, 1>("4w x16r x 64k, Q regs, 1 blk/SM"),  // stage 09's shape
       variant<128, 8, 16, 64, false, 2>("8w x16r x 64k, Q smem, 2 blk/SM"),
       variant<128, 4, 32, 32, false, 2>("4w x32r x 32k, Q smem, 2 blk/SM"),
       variant<128, 4, 32, 64, false, 1>("4w x32r x 64k, Q smem, 1 blk/SM"),
+      variant<128, 4, 32, 64, false, 1, true>("4w x32r x 64k, Q smem, 1 blk/SM, lazy"),
       variant<128, 8, 32, 32, false, 1>("8w x32r x 32k, Q smem, 1 blk/SM"),
       variant<128, 4, 32, 32, false, 1>("4w x32r x 32k, Q smem, 1 blk/SM"),
   };
@@ -73,6 +77,11 @@ int main(int argc, char** argv) {
   std::string why;
   if (!harness::gpu_available(&why)) {
     std::fprintf(stderr, "stage10-variants: %s\n", why.c_str());
+    return kExitNoGpu;
+  }
+  const flash::Status arch = flash::check_compute_capability(kMinComputeCapability);
+  if (!arch.ok()) {
+    std::fprintf(stderr, "stage10-variants: %s\n", flash::to_string(arch).c_str());
     return kExitNoGpu;
   }
   if (json) std::printf("[\n");
@@ -106,7 +115,7 @@ int main(int argc, char** argv) {
                         first ? " " : ",", head_dim, causal ? "true" : "false", seq, v.name, t.median_ms, tflops,
                         flash::to_string(status).c_str());
           } else {
-            std::printf("d%-4d causal=%d N=%-6d %-36s %8.3f ms %7.1f TFLOP/s %s\n", head_dim, causal ? 1 : 0, seq,
+            std::printf("d%-4d causal=%d N=%-6d %-40s %8.3f ms %7.1f TFLOP/s %s\n", head_dim, causal ? 1 : 0, seq,
                         v.name, t.median_ms, tflops, status.ok() ? "" : flash::to_string(status).c_str());
           }
           first = false;

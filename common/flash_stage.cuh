@@ -1,13 +1,14 @@
 // flash_stage.cuh: the one header a stage folder needs besides itself.
 //
 // It holds the contract every stage shares (status codes and their messages, the argument checks
-// that run before any launch, the causal convention) and the online-softmax merge that stage 03
-// introduces and every fused stage after it reuses. Header-only: copy it next to a stage folder and
-// the stage builds with nothing but the CUDA runtime.
+// that run before any launch, the shared memory a block may have, the causal convention) and the
+// online-softmax merge that stage 03 introduces and every fused stage after it reuses. Header-only:
+// copy it next to a stage folder and the stage builds with nothing but the CUDA runtime.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +34,7 @@ enum class StatusCode : int {
   kCudaError,             // CUDA itself failed; cuda_error says how
   kDtypeNotSupported,     // the tensors' element type is not one this stage was compiled for
   kArchNotSupported,      // the GPU lacks an instruction the stage needs (value: its compute capability)
+  kSharedMemoryTooSmall,  // the smallest tiles need more shared memory per block than the GPU allows
 };
 
 // The element type of q, k, v and o (and of the gradients). lse is always fp32, and so is every
@@ -62,7 +64,7 @@ struct Status {
   StatusCode code = StatusCode::kSuccess;  // what was wrong, if anything
   const char* argument = nullptr;          // the offending argument's name (a string literal)
   long long value = 0;                     // the value it had
-  long long required = 0;                  // workspace: the bytes needed; kHeadsNotDivisible: heads_kv
+  long long required = 0;                  // workspace, shared memory: the bytes needed; kHeadsNotDivisible: heads_kv
   cudaError_t cuda_error = cudaSuccess;    // CUDA's own error, set with kCudaError
   // What the value had to be, in words (a string literal), where the code's own wording would be
   // wrong for this stage: "64, 128" for the head_dims of a stage without 32, "1 to 16" for the
@@ -118,8 +120,27 @@ inline const char* status_name(StatusCode code) {
     case StatusCode::kCudaError: return "CUDA error";
     case StatusCode::kDtypeNotSupported: return "dtype not supported";
     case StatusCode::kArchNotSupported: return "GPU architecture not supported";
+    case StatusCode::kSharedMemoryTooSmall: return "shared memory too small";
   }
   return "unknown status";
+}
+
+// Where a kSharedMemoryTooSmall status came from, in words: the current GPU by name and compute
+// capability, and, when `limit` bytes is less than the GPU's own limit per block, that
+// set_shared_memory_limit lowered it. "the current GPU" when CUDA cannot say.
+inline std::string describe_shared_memory_limit(long long limit) {
+  int device = 0, major = 0, minor = 0, optin = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess)
+    return "the current GPU";
+  std::string gpu = std::string(prop.name) + " (compute capability " + std::to_string(major) + "." +
+                    std::to_string(minor) + ")";
+  if (optin > limit)
+    gpu += ", whose own " + std::to_string(optin) + " were lowered by flash::set_shared_memory_limit";
+  return gpu;
 }
 
 // The message a user sees, e.g. "invalid dimension: seq_q = 0 (must be >= 1)".
@@ -132,7 +153,8 @@ inline std::string to_string(const Status& s) {
     case StatusCode::kSuccess: break;
     case StatusCode::kNullPointer: msg += ": " + arg + " is null"; break;
     case StatusCode::kInvalidDimension:
-      msg += ": " + arg + " = " + val + " (" + (s.detail ? detail : "must be >= 1 and fit the index range") + ")"; break;
+      msg += ": " + arg + " = " + val + " (" + (s.detail ? detail : "must be >= 1 and fit the index range") + ")";
+      break;
     case StatusCode::kInvalidArgument:
       msg += s.detail ? ": " + arg + " = " + val + " (" + detail + ")" : ": " + arg + " must be finite"; break;
     case StatusCode::kHeadDimNotSupported:
@@ -150,6 +172,9 @@ inline std::string to_string(const Status& s) {
       msg += ": the GPU has compute capability " + std::to_string(s.value / 10) + "." + std::to_string(s.value % 10) +
              ", this stage needs " + std::to_string(s.required / 10) + "." + std::to_string(s.required % 10) +
              " or newer"; break;
+    case StatusCode::kSharedMemoryTooSmall:
+      msg += ": this stage's smallest tiles need " + std::to_string(s.required) + " bytes per block, " + val +
+             " are allowed on " + describe_shared_memory_limit(s.value); break;
   }
   return msg;
 }
@@ -221,6 +246,78 @@ inline Status check_compute_capability(int needed) {
   if (10 * major + minor < needed)
     return make_status(StatusCode::kArchNotSupported, "device", 10 * major + minor, needed);
   return Status{};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared memory per block: what the GPU allows, and the tiles that fit
+// ---------------------------------------------------------------------------------------------
+
+// The dynamic shared memory any block may use. Past it, the launcher must opt in per kernel with
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), up to the
+// device's opt-in limit (shared_memory_limit).
+constexpr size_t kDefaultSharedMemory = 48 * 1024;
+
+// Where set_shared_memory_limit keeps its value (0: no override). An inline function's static: one
+// object for the whole program, however many stages include this header. Use the two functions
+// below rather than this.
+inline std::atomic<size_t>& shared_memory_override() {
+  static std::atomic<size_t> bytes{0};
+  return bytes;
+}
+
+// Makes every stage choose its tiles as if the GPU allowed at most `bytes` of shared memory per
+// block; 0 removes the override. A limit above the GPU's own changes nothing. For the tests and the
+// runner's --smem-limit: on an H100 they run the tiles a T4 (64 KiB) or an RTX 30/40 card (99 KiB)
+// would. Process-wide and thread-safe; launches already queued keep their tiles.
+inline void set_shared_memory_limit(size_t bytes) { shared_memory_override().store(bytes); }
+
+// The override set by set_shared_memory_limit, in bytes; 0 when there is none.
+inline size_t shared_memory_limit_override() { return shared_memory_override().load(); }
+
+// The shared memory one block may use on the current device, in bytes: the device's opt-in limit
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 64 KiB on a T4, 99 KiB on RTX 30/40 cards, 163 KiB on
+// an A100, 227 KiB on an H100), or the override of set_shared_memory_limit where that is lower.
+// The stages that tile (04 on) take the largest of their tile configurations that fits it.
+inline Status shared_memory_limit(size_t* bytes) {
+  int device = 0, optin = 0;
+  Status s = cuda_status(cudaGetDevice(&device));
+  if (s.ok()) s = cuda_status(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (!s.ok()) return s;
+  const size_t override_bytes = shared_memory_limit_override();
+  *bytes = override_bytes != 0 && override_bytes < static_cast<size_t>(optin) ? override_bytes
+                                                                              : static_cast<size_t>(optin);
+  return Status{};
+}
+
+// A tile configuration, as a stage's launcher chose it for a head_dim and a shared-memory limit.
+struct TileShape {
+  int block_rows = 0;       // Br: query rows per tile
+  int block_cols = 0;       // Bc: keys per K/V tile
+  size_t shared_bytes = 0;  // the dynamic shared memory one block takes
+};
+
+// kSharedMemoryTooSmall: `limit` bytes per block are allowed, the stage's smallest tiles need `needed`.
+inline Status shared_memory_status(size_t limit, size_t needed) {
+  return make_status(StatusCode::kSharedMemoryTooSmall, "shared memory per block", static_cast<long long>(limit),
+                     static_cast<long long>(needed));
+}
+
+// For a stage with one tile configuration (08 on): refuses, before any launch, a block of `needed`
+// bytes that shared_memory_limit does not allow.
+inline Status check_shared_memory(size_t needed) {
+  size_t limit = 0;
+  const Status s = shared_memory_limit(&limit);
+  if (!s.ok()) return s;
+  return needed > limit ? shared_memory_status(limit, needed) : Status{};
+}
+
+// Lets `kernel` use `bytes` of dynamic shared memory: the opt-in that blocks past
+// kDefaultSharedMemory need (nothing to do below it).
+template <typename Kernel>
+Status allow_shared_memory(Kernel* kernel, size_t bytes) {
+  if (bytes <= kDefaultSharedMemory) return Status{};
+  return cuda_status(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 // Checks workspace against the bytes the stage needs: too small first, then null or misaligned.

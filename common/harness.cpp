@@ -74,7 +74,7 @@ GpuCheck check_gpu() {
 }
 
 float Problem::softmax_scale() const {
-  return scale != 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return std::isnan(scale) ? 1.0f / std::sqrt(static_cast<float>(head_dim)) : scale;
 }
 
 std::string Problem::describe() const {

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,10 +57,12 @@ struct Problem {
   int seq_kv = 1;       // keys (and values) per head
   int head_dim = 64;    // the width of every head; the stages take 32, 64 or 128
   bool causal = false;  // bottom-right aligned causal mask (flash::causal_key_end)
-  float scale = 0.0f;   // 0 means the usual 1 / sqrt(head_dim)
+  // The softmax scale; NaN (the default) means the usual 1 / sqrt(head_dim). Any finite value, 0
+  // included, is passed as it is.
+  float scale = std::numeric_limits<float>::quiet_NaN();
   flash::DType dtype = flash::DType::kFp32;  // element type of q, k, v, o (lse is always fp32)
 
-  // The scale to pass to a stage: scale, or 1 / sqrt(head_dim) when scale is 0.
+  // The scale to pass to a stage: scale, or 1 / sqrt(head_dim) when scale is NaN.
   float softmax_scale() const;
   // Elements of q and o (and of d_out, dq): batch * heads_q * seq_q * head_dim.
   long long q_elems() const { return static_cast<long long>(batch) * heads_q * seq_q * head_dim; }

@@ -32,18 +32,22 @@ decltype(stage03::forward_workspace_size) forward_workspace_size;
 namespace exercise04 {
 decltype(stage04::forward) forward;
 decltype(stage04::forward_workspace_size) forward_workspace_size;
+decltype(stage04::forward_tiles) forward_tiles;
 }  // namespace exercise04
 namespace exercise05 {
 decltype(stage05::forward) forward;
 decltype(stage05::forward_workspace_size) forward_workspace_size;
+decltype(stage05::forward_tiles) forward_tiles;
 }  // namespace exercise05
 namespace exercise06 {
 decltype(stage06::forward) forward;
 decltype(stage06::forward_workspace_size) forward_workspace_size;
+decltype(stage06::forward_tiles) forward_tiles;
 }  // namespace exercise06
 namespace exercise07 {  // the backward only: exercise 07's forward is stage 07's
 decltype(stage07::backward) backward;
 decltype(stage07::backward_workspace_size) backward_workspace_size;
+decltype(stage07::backward_tiles) backward_tiles;
 }  // namespace exercise07
 
 namespace registry {
@@ -70,39 +74,56 @@ flash::Status fp32_forward(const void* q, const void* k, const void* v, void* o,
 }  // namespace
 
 const std::vector<Stage>& stages() {
-  static const std::vector<Stage> all = {
-      {1, "01_naive", "naive", "S = QK^T in memory, softmax as exp(s)/sum exp(s), O = PV: O(N^2) memory, overflows",
-       false, {DType::kFp32}, {32, 64, 128}, fp32_forward<stage01::forward>, stage01::forward_workspace_size},
-      {2, "02_safe_softmax", "safe softmax", "subtract the row max before exp: no overflow, still O(N^2) memory",
-       false, {DType::kFp32}, {32, 64, 128}, fp32_forward<stage02::forward>, stage02::forward_workspace_size},
-      {3, "03_online_softmax", "online softmax",
-       "one fused pass with a running max and sum: O(N) memory, no workspace", false, {DType::kFp32},
-       {32, 64, 128}, fp32_forward<stage03::forward>, stage03::forward_workspace_size},
-      {4, "04_tiled", "tiled", "K/V tiles in shared memory, shared by a block of query rows (FA2 loop order)", false,
-       {DType::kFp32}, {32, 64, 128}, fp32_forward<stage04::forward>, stage04::forward_workspace_size},
-      {5, "05_warp_shuffle", "warp shuffle",
-       "warps own rows; scores and O in registers; row max/sum by __shfl_xor_sync butterflies", false,
-       {DType::kFp32}, {32, 64, 128}, fp32_forward<stage05::forward>, stage05::forward_workspace_size},
-      {6, "06_causal", "causal", "causal masking: K/V tiles above the diagonal skipped, only diagonal tiles masked",
-       true, {DType::kFp32}, {32, 64, 128}, fp32_forward<stage06::forward>, stage06::forward_workspace_size},
-      {7, "07_backward", "backward", "dQ, dK, dV by recomputing P from the stored lse: O(N) memory, no atomics", true,
-       {DType::kFp32}, {32, 64, 128}, fp32_forward<stage07::forward>, stage07::forward_workspace_size, stage07::backward,
-       stage07::backward_workspace_size},
-      {8, "08_tensor_cores", "tensor cores",
-       "fp16/bf16 on the tensor cores: mma.sync m16n8k16, ldmatrix, S and O in registers, P converted in registers",
-       true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage08::forward, stage08::forward_workspace_size},
-      {9, "09_swizzle_pipeline", "swizzle pipeline",
-       "XOR-swizzled shared memory (no bank conflicts) and a cp.async K/V pipeline one tile ahead", true,
-       {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage09::forward, stage09::forward_workspace_size},
-      {10, "10_flash2", "flash2",
-       "FlashAttention-2 tuning: exp2 with log2(e) folded in, a tile shape per head_dim, longest causal tiles first",
-       true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage10::forward, stage10::forward_workspace_size},
-      // 11 (backward on the tensor cores) and 12 (Hopper) are planned; 13 keeps its number.
-      {13, "13_decoding", "decoding",
-       "split-KV decoding: a few new queries against a long (and paged) KV cache, split across blocks, merged as in 03",
-       true, {DType::kBf16, DType::kFp16}, {64, 128}, stage13::forward, stage13::forward_workspace_size, nullptr,
-       nullptr, nullptr, stage13::kMaxSeqQ, stage13::forward_paged, stage13::forward_paged_workspace_size},
-  };
+  static const std::vector<Stage> all = [] {
+    std::vector<Stage> list = {
+        {1, "01_naive", "naive", "S = QK^T in memory, softmax as exp(s)/sum exp(s), O = PV: O(N^2) memory, overflows",
+         false, {DType::kFp32}, {32, 64, 128}, fp32_forward<stage01::forward>, stage01::forward_workspace_size},
+        {2, "02_safe_softmax", "safe softmax", "subtract the row max before exp: no overflow, still O(N^2) memory",
+         false, {DType::kFp32}, {32, 64, 128}, fp32_forward<stage02::forward>, stage02::forward_workspace_size},
+        {3, "03_online_softmax", "online softmax",
+         "one fused pass with a running max and sum: O(N) memory, no workspace", false, {DType::kFp32},
+         {32, 64, 128}, fp32_forward<stage03::forward>, stage03::forward_workspace_size},
+        {4, "04_tiled", "tiled", "K/V tiles in shared memory, shared by a block of query rows (FA2 loop order)", false,
+         {DType::kFp32}, {32, 64, 128}, fp32_forward<stage04::forward>, stage04::forward_workspace_size},
+        {5, "05_warp_shuffle", "warp shuffle",
+         "warps own rows; scores and O in registers; row max/sum by __shfl_xor_sync butterflies", false,
+         {DType::kFp32}, {32, 64, 128}, fp32_forward<stage05::forward>, stage05::forward_workspace_size},
+        {6, "06_causal", "causal", "causal masking: K/V tiles above the diagonal skipped, only diagonal tiles masked",
+         true, {DType::kFp32}, {32, 64, 128}, fp32_forward<stage06::forward>, stage06::forward_workspace_size},
+        {7, "07_backward", "backward", "dQ, dK, dV by recomputing P from the stored lse: O(N) memory, no atomics", true,
+         {DType::kFp32}, {32, 64, 128}, fp32_forward<stage07::forward>, stage07::forward_workspace_size,
+         stage07::backward, stage07::backward_workspace_size},
+        {8, "08_tensor_cores", "tensor cores",
+         "fp16/bf16 on the tensor cores: mma.sync m16n8k16, ldmatrix, S and O in registers, P converted in registers",
+         true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage08::forward, stage08::forward_workspace_size},
+        {9, "09_swizzle_pipeline", "swizzle pipeline",
+         "XOR-swizzled shared memory (no bank conflicts) and a cp.async K/V pipeline one tile ahead", true,
+         {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage09::forward, stage09::forward_workspace_size},
+        {10, "10_flash2", "flash2",
+         "FlashAttention-2 tuning: exp2 with log2(e) folded in, a tile shape per head_dim, longest causal tiles first",
+         true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage10::forward, stage10::forward_workspace_size},
+        // 11 (backward on the tensor cores) and 12 (Hopper) are planned; 13 keeps its number.
+        {13, "13_decoding", "decoding",
+         "split-KV decoding: a few new queries against a long (and paged) KV cache, split across blocks, merged "
+         "as in 03",
+         true, {DType::kBf16, DType::kFp16}, {64, 128}, stage13::forward, stage13::forward_workspace_size},
+    };
+    // The stages that choose their tiles from the GPU's shared memory per block.
+    list[3].forward_tiles = stage04::forward_tiles;
+    list[4].forward_tiles = stage05::forward_tiles;
+    list[5].forward_tiles = stage06::forward_tiles;
+    list[6].forward_tiles = stage07::forward_tiles;
+    list[6].backward_tiles = stage07::backward_tiles;
+    // The tensor-core stages, as their forward checks (mma.sync with bf16, ldmatrix, cp.async).
+    for (Stage& s : list)
+      if (s.number >= 8) s.min_compute_capability = 80;
+    // The decoding stage: a few query rows, and a second entry point over a paged cache.
+    Stage& decoding = list.back();
+    decoding.max_seq_q = stage13::kMaxSeqQ;
+    decoding.forward_paged = stage13::forward_paged;
+    decoding.forward_paged_workspace_size = stage13::forward_paged_workspace_size;
+    return list;
+  }();
   return all;
 }
 
@@ -121,10 +142,12 @@ std::string stage_numbers() {
 
 const std::vector<Stage>& exercises() {
   // Stage `number`'s entry with the exercise's entry points and file in place of the stage's.
-  auto exercise = [](int number, ForwardFn forward, WorkspaceFn workspace_size, const char* file) {
+  auto exercise = [](int number, ForwardFn forward, WorkspaceFn workspace_size, const char* file,
+                     TilesFn forward_tiles = nullptr) {
     Stage e = *find(number);
     e.forward = forward;
     e.forward_workspace_size = workspace_size;
+    e.forward_tiles = forward_tiles;
     e.exercise_file = file;
     return e;
   };
@@ -137,16 +160,17 @@ const std::vector<Stage>& exercises() {
         exercise(3, fp32_forward<exercise03::forward>, exercise03::forward_workspace_size,
                  "exercises/03_online_softmax/online_softmax.cu"),
         exercise(4, fp32_forward<exercise04::forward>, exercise04::forward_workspace_size,
-                 "exercises/04_tiled/tiled.cu"),
+                 "exercises/04_tiled/tiled.cu", exercise04::forward_tiles),
         exercise(5, fp32_forward<exercise05::forward>, exercise05::forward_workspace_size,
-                 "exercises/05_warp_shuffle/warp_shuffle.cu"),
+                 "exercises/05_warp_shuffle/warp_shuffle.cu", exercise05::forward_tiles),
         exercise(6, fp32_forward<exercise06::forward>, exercise06::forward_workspace_size,
-                 "exercises/06_causal/causal.cu"),
+                 "exercises/06_causal/causal.cu", exercise06::forward_tiles),
         exercise(7, fp32_forward<stage07::forward>, stage07::forward_workspace_size,
-                 "exercises/07_backward/backward.cu"),
+                 "exercises/07_backward/backward.cu", stage07::forward_tiles),
     };
     list.back().backward = exercise07::backward;
     list.back().backward_workspace_size = exercise07::backward_workspace_size;
+    list.back().backward_tiles = exercise07::backward_tiles;
     return list;
   }();
   return all;

@@ -22,6 +22,9 @@ using ForwardFn = flash::Status (*)(const void* q, const void* k, const void* v,
                                     cudaStream_t stream);
 // The workspace bytes a stage's forward or backward needs for these sizes.
 using WorkspaceFn = size_t (*)(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
+// The tiles a stage's forward or backward launches at head_dim when a block may use shared_limit bytes
+// of shared memory (stage04::forward_tiles, ...); no CUDA call.
+using TilesFn = flash::Status (*)(int head_dim, size_t shared_limit, flash::TileShape* tiles);
 // The forward over a paged K/V cache (stage 13): K and V in pages [num_pages, page_size, heads_kv,
 // head_dim], page_table [batch, max_pages_per_seq] and cache_lens [batch] int32 on the device.
 using PagedForwardFn = flash::Status (*)(const void* q, const void* k_pages, const void* v_pages,
@@ -52,6 +55,13 @@ struct Stage {
   WorkspaceFn forward_workspace_size;  // the bytes forward needs; never null
   BackwardFn backward = nullptr;  // null: the stage has no backward
   WorkspaceFn backward_workspace_size = nullptr;  // null exactly when backward is
+  // Stages 04-07, whose tiles depend on the GPU's shared memory per block: the tiles forward launches
+  // for a head_dim and limit. Null for a stage with one configuration, whatever the GPU.
+  TilesFn forward_tiles = nullptr;
+  TilesFn backward_tiles = nullptr;  // the same for backward; null where forward_tiles is, or backward
+  // The oldest GPU it runs on, as 10 * major + minor compute capability (80: the tensor-core stages,
+  // which refuse an older GPU with kArchNotSupported); 0: any GPU CUDA 13 supports (7.5 on).
+  int min_compute_capability = 0;
   // Exercises only: the file with the TODO(exercise) lines, from the repository root, e.g.
   // "exercises/05_warp_shuffle/warp_shuffle.cu". Null for a stage.
   const char* exercise_file = nullptr;

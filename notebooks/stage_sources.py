@@ -23,13 +23,17 @@ def constants(path):
 
 
 def tile_sizes(stage, head_dim):
-    """(Br, Bc): query rows per block and keys per K/V tile of a tiled stage, from its kernel source."""
+    """(Br, Bc): query rows per block and keys per K/V tile of a tiled stage, from its kernel source.
+    Stages 04-07 take smaller K/V tiles where a GPU allows a block less shared memory than an H100;
+    these are the H100's, the tiles the measurements are of."""
     src = next(STAGES[stage].glob("*.cu"))
     c = constants(src)
     if "kBlockRows" not in c:
         raise RuntimeError(f"{src} defines no kBlockRows: not a tiled stage, or the source changed")
     if "kBlockCols" in c:
         return c["kBlockRows"], c["kBlockCols"]
+    if "kPreferredBlockCols" in c:
+        return c["kBlockRows"], c["kPreferredBlockCols"]
     m = re.search(r"return kHeadDim <= (\d+) \? (\d+) : (\d+);", src.read_text())
     if not m:
         raise RuntimeError(f"cannot find the K/V tile size (Bc) in {src}")

@@ -31,6 +31,8 @@ static_assert(FLASH_STAGES_DTYPE_NOT_SUPPORTED == static_cast<int>(StatusCode::k
               "status codes drifted");
 static_assert(FLASH_STAGES_ARCH_NOT_SUPPORTED == static_cast<int>(StatusCode::kArchNotSupported),
               "status codes drifted");
+static_assert(FLASH_STAGES_SHARED_MEMORY_TOO_SMALL == static_cast<int>(StatusCode::kSharedMemoryTooSmall),
+              "status codes drifted");
 static_assert(FLASH_STAGES_FP32 == static_cast<int>(flash::DType::kFp32) &&
                   FLASH_STAGES_FP16 == static_cast<int>(flash::DType::kFp16) &&
                   FLASH_STAGES_BF16 == static_cast<int>(flash::DType::kBf16),
@@ -156,7 +158,7 @@ int flash_stages_abi_version(void) { return FLASH_STAGES_C_ABI_VERSION; }
 
 const char* flash_stages_status_name(int code) {
   if (code == FLASH_STAGES_INTERNAL_ERROR) return "internal error";
-  if (code < 0 || code > FLASH_STAGES_ARCH_NOT_SUPPORTED) return "unknown status";
+  if (code < 0 || code > FLASH_STAGES_SHARED_MEMORY_TOO_SMALL) return "unknown status";
   return flash::status_name(static_cast<StatusCode>(code));
 }
 

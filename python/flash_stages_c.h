@@ -59,6 +59,7 @@ enum {
   FLASH_STAGES_CUDA_ERROR = 9,
   FLASH_STAGES_DTYPE_NOT_SUPPORTED = 10,
   FLASH_STAGES_ARCH_NOT_SUPPORTED = 11, /* the GPU is older than the stage needs */
+  FLASH_STAGES_SHARED_MEMORY_TOO_SMALL = 12, /* the GPU allows a block less shared memory than the stage needs */
   FLASH_STAGES_INTERNAL_ERROR = -1 /* a C++ exception caught at the boundary (a bug) */
 };
 

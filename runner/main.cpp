@@ -2,11 +2,13 @@
 // before it and against the fp64 reference, and prints what each idea bought.
 //
 //   flash-stages [--stage N | --exercise N] [--batch B] [--heads H] [--heads-kv H] [--seq N] [--seq-q N]
-//                [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32|fp16|bf16] [--runs R] [--json]
-//                [--list] [--help]
+//                [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32|fp16|bf16] [--runs R]
+//                [--smem-limit K] [--json] [--list] [--help]
 //
 // --exercise N runs the learner's version of stage N (exercises/README.md) exactly as --stage N runs
 // the stage: the same checks against the stage before it and the reference, the same timing.
+// --smem-limit K runs the stages as a GPU that allows a block K KiB of shared memory would
+// (flash::set_shared_memory_limit): on an H100, --smem-limit 64 runs the tiles a T4 runs.
 //
 // Every option is checked before anything else happens, GPU or not: a bad one is named with its
 // value on stderr and the runner exits with kExitUsage or kExitCannotRun (with --json, the same as
@@ -45,6 +47,7 @@ struct Options {
   int stage = 0;  // 0: all
   int exercise = 0;  // not 0: that exercise alone, in place of the stages
   int runs = 20;
+  int smem_limit_kib = 0;  // --smem-limit; 0: what the GPU allows
   bool json = false;
   bool dtype_given = false;  // false: each stage in its first dtype
   flash::DType dtype = flash::DType::kFp32;
@@ -71,7 +74,7 @@ void usage(std::FILE* to) {
   std::fprintf(to,
                "usage: flash-stages [--stage N | --exercise N] [--batch B] [--heads H] [--heads-kv H] [--seq N]\n"
                "                    [--seq-q N] [--seq-kv N] [--head-dim D] [--causal] [--dtype fp32|fp16|bf16]\n"
-               "                    [--runs R] [--json] [--list] [--help]\n"
+               "                    [--runs R] [--smem-limit K] [--json] [--list] [--help]\n"
                "Runs every stage (or one) on one problem, checks it against the previous stage and an fp64\n"
                "reference, and prints time, TFLOP/s and errors.\n"
                "\n"
@@ -88,12 +91,16 @@ void usage(std::FILE* to) {
                "  --dtype T      element type, fp32, fp16 or bf16: only the stages that have it run (default: each\n"
                "                 stage in its first dtype, as --list shows)\n"
                "  --runs R       timed runs per stage; the median is reported (default 20)\n"
+               "  --smem-limit K shared memory per block in KiB, as if the GPU allowed no more (64: a T4, 99: an\n"
+               "                 RTX 30/40 card): the stages take smaller tiles, or say they cannot run (default:\n"
+               "                 what this GPU allows)\n"
                "  --json         the results, or why there are none, as JSON on stdout\n"
                "  --list         the stages, one per line\n"
                "  --help         this text\n"
                "Sizes are whole numbers from 1 to %d.\n"
-               "Exit codes: 0 every stage passed; 1 a stage failed; 2 no GPU (what was found is on stderr);\n"
-               "3 a bad option or value; 4 valid options that no selected stage can run.\n",
+               "Exit codes: 0 every stage that ran passed (a stage this GPU cannot run says why in its row); 1 a\n"
+               "stage failed; 2 no GPU (what was found is on stderr); 3 a bad option or value; 4 valid options\n"
+               "that no selected stage can run.\n",
                INT_MAX);
 }
 
@@ -174,6 +181,7 @@ Refusal parse(int argc, char** argv, Options* opt) {
     else if (a == "--seq-kv") r = value(&p.seq_kv);
     else if (a == "--head-dim") r = value(&p.head_dim);
     else if (a == "--runs") r = value(&opt->runs);
+    else if (a == "--smem-limit") r = value(&opt->smem_limit_kib);
     else if (a == "--causal") p.causal = true;
     else if (a == "--json") opt->json = true;
     else if (a == "--dtype") {
@@ -281,6 +289,7 @@ struct Row {
   flash::DType dtype = flash::DType::kFp32;
   size_t workspace = 0;
   bool pass = false;
+  bool gpu_cannot_run = false;  // refused for this GPU (too old, too little shared memory): said, not failed
 };
 
 }  // namespace
@@ -346,6 +355,8 @@ static int run(const Options& opt) {
         const registry::ForwardResult r = registry::run_forward(s, p, *data.dev);
         if (!r.status.ok()) {
           row.status = flash::to_string(r.status);
+          row.gpu_cannot_run = r.status.code == flash::StatusCode::kArchNotSupported ||
+                               r.status.code == flash::StatusCode::kSharedMemoryTooSmall;
         } else {
           const std::vector<float> got = harness::gather_rows(r.o, ref_rows, p.head_dim);
           bool ref_ok = false;
@@ -388,14 +399,16 @@ static int run(const Options& opt) {
       }
     }
     if (row.status == "ok" && !row.pass) all_pass = false;
-    if (row.status != "ok" && !row.skipped && row.status != "workspace does not fit") all_pass = false;
+    if (row.status != "ok" && !row.skipped && row.status != "workspace does not fit" && !row.gpu_cannot_run)
+      all_pass = false;
     rows.push_back(row);
   }
 
   if (opt.json) {
     std::printf("{\"problem\": {\"batch\": %d, \"heads_q\": %d, \"heads_kv\": %d, \"seq_q\": %d, \"seq_kv\": %d, "
-                "\"head_dim\": %d, \"causal\": %s},\n \"stages\": [\n",
-                p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim, p.causal ? "true" : "false");
+                "\"head_dim\": %d, \"causal\": %s},\n \"smem_limit_kib\": %d,\n \"stages\": [\n",
+                p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim, p.causal ? "true" : "false",
+                opt.smem_limit_kib);
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::printf("  {\"stage\": %d, \"exercise\": %s, \"name\": \"%s\", \"dtype\": \"%s\", \"status\": \"%s\", \"ms\": %.6g, \"min_ms\": %.6g, "
@@ -413,8 +426,10 @@ static int run(const Options& opt) {
     harness::cuda_check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
     std::string described = p.describe();  // the dtype is per stage, in its own column
     described = described.substr(0, described.rfind(" dtype="));
-    std::printf("%s | %s | reference rows checked: %zu of %lld\n\n", prop.name, described.c_str(), ref_rows.size(),
+    std::printf("%s | %s | reference rows checked: %zu of %lld", prop.name, described.c_str(), ref_rows.size(),
                 p.rows());
+    if (opt.smem_limit_kib != 0) std::printf(" | shared memory per block: %d KiB (--smem-limit)", opt.smem_limit_kib);
+    std::printf("\n\n");
     std::printf("%-5s %-16s %-5s %10s %9s %9s %-18s %-12s %14s  %s\n", "stage", "name", "dtype", "time_ms", "TFLOP/s",
                 "speedup", "err_vs_prev", "err_vs_ref", "workspace_B", "check");
     for (const Row& r : rows) {
@@ -467,6 +482,7 @@ int main(int argc, char** argv) {
   const harness::GpuCheck gpu = harness::check_gpu();
   if (gpu.result != harness::GpuCheck::Result::kOk)
     return refuse(json, kExitNoGpu, "no_gpu", gpu.message + "; the stages need an NVIDIA GPU to run", &gpu);
+  if (opt.smem_limit_kib != 0) flash::set_shared_memory_limit(static_cast<size_t>(opt.smem_limit_kib) * 1024);
   try {
     return run(opt);
   } catch (const std::exception& e) {

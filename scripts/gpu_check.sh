@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU machine is asked to do in one call: build for the local GPU, the full test
-# suite, the course runner, compute-sanitizer on each stage, the exercises (failing as shipped,
-# passing when solved), the benchmark. Logs go to $OUT (or
+# suite (with the sweep under a T4's, an RTX 30/40 card's and the default shared memory per block),
+# the course runner, compute-sanitizer on each stage and on the smaller tiles of stages 04-07, the
+# exercises (failing as shipped, passing when solved), the benchmark. Logs go to $OUT (or
 # ./gpu-logs). Usage: scripts/gpu_check.sh [benchmark filter regex]
 set -uo pipefail
 out=${OUT:-gpu-logs}
@@ -20,6 +21,8 @@ sed -n '/^Why they were skipped:/,$p' "$out/ctest.log"  # one reason per skipped
 
 $build/bin/flash-stages | tee -a "$out/runner.txt" || status=1
 $build/bin/flash-stages --json > "$out/runner.json" || status=1
+# The tiles a T4 runs (64 KiB of shared memory per block), at head_dim 128 where stages 05-07 change them.
+$build/bin/flash-stages --smem-limit 64 --head-dim 128 | tee "$out/runner_smem64.txt" || status=1
 
 # compute-sanitizer on the runner, one stage at a time, on a problem small enough to finish quickly; a
 # decoding stage (stage 13, at most 16 query rows) on a decode problem with several splits.
@@ -46,6 +49,33 @@ for tool in memcheck racecheck synccheck; do
     echo "sanitizer backward $tool: clean ($(grep -o '[0-9]* tests\? from [0-9]* test suites\? ran' "$out/sanitizer_last.log"))"
   else
     echo "sanitizer backward $tool: FAILED"; tail -20 "$out/sanitizer_last.log"; status=1
+  fi
+  cat "$out/sanitizer_last.log" >> "$out/sanitizer.log"
+done
+# The smaller tiles of stages 04-07 (flash-stages --smem-limit; the tests' SharedMemoryLimits cases):
+# 64 KiB (a T4) and 48 KiB (any GPU) at head_dim 128, where every one of those stages changes its tiles.
+for limit in 64 48; do
+  for stage in 4 5 6 7; do
+    causal=; [ $stage -ge 6 ] && causal=--causal
+    for tool in memcheck racecheck; do
+      if compute-sanitizer --tool $tool --error-exitcode 9 $build/bin/flash-stages --stage $stage $causal \
+           --smem-limit $limit --head-dim 128 --batch 1 --heads 2 --seq 200 --runs 1 > "$out/sanitizer_last.log" 2>&1; then
+        echo "sanitizer stage $stage at $limit KiB $tool: clean"
+      else
+        echo "sanitizer stage $stage at $limit KiB $tool: FAILED"; tail -20 "$out/sanitizer_last.log"; status=1
+      fi
+      cat "$out/sanitizer_last.log" >> "$out/sanitizer.log"
+    done
+  done
+done
+limited_backward='*SharedMemoryLimits/BackwardSweep*/stage07_d64_b2h8kv2_q129_k129_smem64k'
+limited_backward+=':*SharedMemoryLimits/BackwardSweep*/stage07_d128_b2h3kv3_q17_k100_causal_smem48k'
+for tool in memcheck racecheck; do
+  if compute-sanitizer --tool $tool --error-exitcode 9 $build/bin/test_stages_gpu --gtest_filter="$limited_backward" \
+       > "$out/sanitizer_last.log" 2>&1 && grep -q "PASSED.* 2 tests" "$out/sanitizer_last.log"; then
+    echo "sanitizer backward, smaller tiles, $tool: clean"
+  else
+    echo "sanitizer backward, smaller tiles, $tool: FAILED"; tail -20 "$out/sanitizer_last.log"; status=1
   fi
   cat "$out/sanitizer_last.log" >> "$out/sanitizer.log"
 done

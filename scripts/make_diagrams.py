@@ -76,7 +76,7 @@ def kernel_constants(stage, name=None):
 
 def stage04_threads(head_dim=64):
     c = kernel_constants(4)
-    rows, cols, threads = c["kBlockRows"], c["kBlockCols"], c["kThreads"]
+    (rows, cols), threads = tile_sizes(4, head_dim), c["kThreads"]
     per_row = threads // rows                  # kScoreThreadsPerRow
     row_groups = threads // head_dim           # kRowGroups (step 3)
     cell = 7
@@ -236,8 +236,8 @@ def causal_tiles():
 
 def backward_passes():
     c = kernel_constants(7, "backward.cu")
-    grid, br, bc = c["kGrid"], c["kBlockRows"], c["kBlockCols"]
-    rows_per_thread = c["kRowsPerThread"]
+    grid, br, bc = c["kGrid"], c["kPreferredTile"], c["kPreferredTile"]  # the H100's tiles: Br = Bc
+    rows_per_thread = br // grid
     cols_per_thread = bc // grid
     cell, tiles = 22, 6
     step = 290

@@ -17,6 +17,14 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   ptxas-backward  registers and spills of stage 07's kernels (ptxas, bench/results/ptxas_sm90.txt)
   ncu-dNN     Nsight Compute metrics of the fused kernels (stages 03-06) at head_dim NN, one row per
               metric, one column per stage, from bench/results/h100_ncu_dNN.csv
+              (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time, and
+              the share of instructions that are not FFMA where the CSV counts all instructions
+  ncu-kernels-dNN  the same metrics for the stages profiled as several kernels (01, 02: scores,
+              softmax, P V; 07: its backward's three), one column per kernel
+  stage05-ablation  stage 04 -> 05 one change at a time (bench/stage05_ablation.cu's output,
+              bench/results/h100_stage05_ablation.txt, written by scripts/gpu_check_ablation.sh)
+  stage06-order  from the same file: stage 06's causal/non-causal ratio, its heaviest-first order
+              against the natural order
               (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time
   decode-bench    stage 13's decode family of the benchmark (bench/results/h100_bench_decode.json):
               GB/s over the K and V bytes, contiguous and paged, and their share of the HBM datasheet
@@ -36,7 +44,8 @@ where SPEC names one measured figure (see `value()` below for the forms), e.g.
     python3 scripts/make_tables.py --check [FILES]
 
 changes nothing and exits 1 if any table or inline figure in FILES (default: every Markdown page of
-the course) differs from what bench/results/ gives; ctest runs it (label cpu) and so does CI.
+the course) differs from what bench/results/ gives, or needs a file bench/results/ does not have (it
+names the file); ctest runs it (label cpu) and so does CI.
 Without --update or --check it prints every table.
 """
 import argparse
@@ -52,7 +61,6 @@ RUNNER = ROOT / "bench/results/h100_runner.txt"
 RESULTS = ROOT / "bench/results"
 COMPARE = ROOT / "bench/results/compare_h100.md"
 NCU_BACKWARD = ROOT / "bench/results/h100_ncu_backward.csv"
-NCU = ROOT / "bench/results/h100_ncu_d{}.csv"
 COMPARE_JSON = ROOT / "bench/results/compare_h100.json"
 ANCHORS = ROOT / "bench/results/pytorch_anchors_h100.md"
 DECODE_BENCH = ROOT / "bench/results/h100_bench_decode.json"
@@ -131,7 +139,9 @@ def runner_table():
     return "```\n" + "\n".join(lines[first:]).strip() + "\n```"
 
 
-# Nsight Compute metric -> (row label, divisor, decimals), in the order the table shows them.
+# Nsight Compute metric -> (row label, divisor, decimals), in the order the table shows them. The rows
+# after the first ten are shown only where the CSV has the metric (scripts/profile_stages.sh collects
+# them since issue 14's "what binds" and stage 03's 6x).
 NCU_ROWS = {
     "gpu__time_duration.sum": ("kernel time (ms)", 1e6, 2),
     "sm__sass_thread_inst_executed_op_ffma_pred_on.sum": ("FFMA thread instructions (10⁹)", 1e9, 1),
@@ -145,19 +155,66 @@ NCU_ROWS = {
         ("warps waiting on shared memory (short scoreboard), per issue", 1, 2),
     "launch__registers_per_thread": ("registers per thread", 1, 0),
     "sm__warps_active.avg.pct_of_peak_sustained_active": ("achieved occupancy (% of 64 warps)", 1, 1),
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed":
+        ("shared-memory data pipe busy (wavefronts, % of peak)", 1, 1),
+    "sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active": ("LSU pipe, instructions issued (% of peak)", 1, 1),
+    "smsp__issue_inst0.avg.pct_of_peak_sustained_active": ("scheduler cycles with no eligible warp (%)", 1, 1),
+    "smsp__issue_active.avg.pct_of_peak_sustained_active": ("scheduler cycles issuing an instruction (%)", 1, 1),
+    "smsp__inst_executed.sum": ("warp instructions executed (10⁹)", 1e9, 3),
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("DRAM throughput (% of peak)", 1, 1),
+    "dram__bytes_read.sum": ("DRAM bytes read (GB)", 1e9, 2),
+    "dram__bytes_write.sum": ("DRAM bytes written (GB)", 1e9, 2),
 }
+NCU_ALWAYS = list(NCU_ROWS)[:10]  # the rows of the tables before issue 14's metrics: shown as "–" when missing
+NONFFMA_LABEL = "instructions that are not FFMA (% of warp instructions)"
+
+
+def ncu_path(head_dim):
+    return RESULTS / f"h100_ncu_d{head_dim}.csv"
+
+
+def load_ncu_kernels(head_dim):
+    """{stage: {kernel: {metric: value}}} from the CSV of scripts/profile_stages.sh (first column: the
+    stage; then Nsight Compute's columns, the kernel's name sixth), kernels in the order profiled.
+    Values that are not numbers (n/a) are left out."""
+    out = {}
+    with open(ncu_path(head_dim), newline="") as f:
+        for row in csv.reader(f):
+            if len(row) < 6 or row[1] == "ID":  # the header ncu prints before each stage's rows
+                continue
+            try:
+                number = float(row[-1].replace(",", ""))
+            except ValueError:
+                continue
+            kernel = re.search(r"(\w+)_kernel\b", row[5])
+            out.setdefault(int(row[0]), {}).setdefault(kernel[1] if kernel else row[5], {})[row[-3]] = number
+    return out
 
 
 def load_ncu(head_dim):
-    """{stage: {metric: value}} from the CSV of scripts/profile_stages.sh (first column: stage)."""
-    metrics = {}
-    with open(str(NCU).format(head_dim), newline="") as f:
-        for row in csv.reader(f):
-            if row[1] == "ID":  # the header ncu prints before each stage's rows
-                continue
-            name, value = row[-3], row[-1]
-            metrics.setdefault(int(row[0]), {})[name] = float(value.replace(",", ""))
-    return metrics
+    """{stage: {metric: value}} of the stages profiled as one kernel (the fused stages 03-06)."""
+    return {stage: next(iter(kernels.values())) for stage, kernels in load_ncu_kernels(head_dim).items()
+            if len(kernels) == 1}
+
+
+def nonffma_pct(m):
+    """The share of warp instructions that are not FFMA, in percent: 1 - (FFMA thread instructions / 32)
+    / warp instructions. Exact where every FFMA runs on a full warp (the fp32 kernels' inner loops)."""
+    return 100 * (1 - m["sm__sass_thread_inst_executed_op_ffma_pred_on.sum"] / 32 / m["smsp__inst_executed.sum"])
+
+
+def ncu_rows(columns, always=()):
+    """Table rows, one per metric of NCU_ROWS that a column has (or that is in `always`), plus the
+    non-FFMA share where the CSV has the instruction count; columns: [{metric: value}]."""
+    lines = []
+    for metric, (label, divisor, decimals) in NCU_ROWS.items():
+        if metric in always or any(metric in c for c in columns):
+            cells = [f"{c[metric] / divisor:,.{decimals}f}" if metric in c else "–" for c in columns]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    if any("smsp__inst_executed.sum" in c for c in columns):
+        cells = [f"{nonffma_pct(c):.1f}" if "smsp__inst_executed.sum" in c else "–" for c in columns]
+        lines.append(f"| {NONFFMA_LABEL} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def ncu_table(head_dim, runs):
@@ -166,9 +223,7 @@ def ncu_table(head_dim, runs):
     names = {k[0]: r["name"] for k, r in runs.items()}
     lines = ["| metric | " + " | ".join(f"{s:02d} {names.get(s, '')}".strip() for s in stages) + " |",
              "|---|" + "---|" * len(stages)]
-    for metric, (label, divisor, decimals) in NCU_ROWS.items():
-        cells = [f"{metrics[s][metric] / divisor:,.{decimals}f}" if metric in metrics[s] else "–" for s in stages]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += ncu_rows([metrics[s] for s in stages], always=NCU_ALWAYS)
     # FLOP/s from the FFMAs the kernel really executed (2 flops each); FMUL, FADD and exp not counted.
     tflops = [2 * metrics[s]["sm__sass_thread_inst_executed_op_ffma_pred_on.sum"] /
               (metrics[s]["gpu__time_duration.sum"] * 1e-9) / 1e12 for s in stages]
@@ -177,6 +232,23 @@ def ncu_table(head_dim, runs):
     lines.append(f"Nsight Compute, one launch per stage, batch 4, 16 heads, seq 4096, head_dim {head_dim}, "
                  f"non-causal (stage 06 runs its non-causal kernel). From `bench/results/h100_ncu_d{head_dim}.csv`, "
                  f"written by `scripts/profile_stages.sh {head_dim}`.")
+    return "\n".join(lines)
+
+
+def ncu_kernels_table(head_dim):
+    """The stages profiled as several kernels (01 and 02: scores, softmax, P V; 07: its backward's
+    three), one column per kernel."""
+    kernels = {s: k for s, k in load_ncu_kernels(head_dim).items() if len(k) > 1}
+    columns = [(s, name, m) for s in sorted(kernels) for name, m in kernels[s].items()]
+    if not columns:
+        raise KeyError(f"no multi-kernel stage in {ncu_path(head_dim).name}")
+    lines = ["| metric | " + " | ".join(f"{s:02d} {name}" for s, name, _ in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    lines += ncu_rows([m for _, _, m in columns])
+    lines.append("")
+    lines.append(f"Nsight Compute, one call per stage (stages 01-02: the three kernels of one forward; stage 07: "
+                 f"the three of one backward), batch 4, 16 heads, seq 4096, head_dim {head_dim}, non-causal. From "
+                 f"`bench/results/h100_ncu_d{head_dim}.csv`, written by `scripts/profile_stages.sh {head_dim}`.")
     return "\n".join(lines)
 
 
@@ -309,6 +381,122 @@ def ptxas_backward_table():
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------
+# Stage 04 -> 05 one change at a time, stage 06's block order (bench/stage05_ablation.cu)
+# ---------------------------------------------------------------------------------------------
+
+ABLATION = RESULTS / "h100_stage05_ablation.txt"
+# d64   causal=0 N=4096   tiles       12.345 ms   11.13 TFLOP/s PASS vs_fp64=6.0e-07 vs_s05=5.1e-07 | label
+# d64   causal=0 N=4096   tiles    FAIL, not timed: why | label
+ABLATION_LINE = re.compile(r"d(\d+)\s+causal=([01])\s+N=(\d+)\s+(\w+)\s+"
+                           r"(?:([\d.]+) ms\s+([\d.]+) TFLOP/s PASS|FAIL)[^|]*\|\s*(.+)$")
+# What each rung switches on, in a few words for running text (value:ablation-top/...).
+ABLATION_SHORT = {"tiles": "the larger tiles", "oneexp": "one expf per score", "warprows": "warp-owned rows",
+                  "regtile": "register tiles", "shuffle": "the warp shuffles", "float4": "the float4 loads",
+                  "transp": "the transposed P", "pad4": "the padding of 4"}
+
+
+def load_ablation():
+    """({(head_dim, causal, seq, key): {"ms", "tflops", "label"}}, the ladder's keys in order, the header).
+    "ms" is None for a variant that failed its checks and was not timed."""
+    runs, ladder, header = {}, [], ""
+    for line in ABLATION.read_text().splitlines():
+        if line.startswith("# stage05-ablation"):
+            header = line
+        m = ABLATION_LINE.match(line)
+        if not m:
+            continue
+        d, causal, n, key = int(m[1]), m[2] == "1", int(m[3]), m[4]
+        runs[(d, causal, n, key)] = {"ms": float(m[5]) if m[5] else None,
+                                     "tflops": float(m[6]) if m[6] else None, "label": m[7].strip()}
+        if not causal and n == COURSE_SEQ and key not in ladder:
+            ladder.append(key)
+    # The ladder runs from stage 04 as built to stage 05 as built; stage 06's non-causal line is not a rung.
+    ladder = ladder[ladder.index("s04"):ladder.index("s05") + 1]
+    return runs, ladder, header
+
+
+def ablation_ms(runs, d, key, causal=False, n=COURSE_SEQ):
+    r = runs[(d, causal, n, key)]
+    if r["ms"] is None:
+        raise KeyError(f"{key} at d{d} failed its checks and was not timed")
+    return r["ms"]
+
+
+def ablation_gain(runs, ladder, d, key):
+    """Time of the rung before key over key's: what key's change buys."""
+    i = ladder.index(key)
+    if i == 0:
+        raise KeyError(f"{key} is the first rung")
+    return ablation_ms(runs, d, ladder[i - 1]) / ablation_ms(runs, d, key)
+
+
+def ablation_table():
+    runs, ladder, header = load_ablation()
+    dims = sorted({k[0] for k in runs})
+    lines = ["| step | what it switches on | " + " | ".join(f"d={d}: ms | × step | × stage 04" for d in dims) + " |",
+             "|---|---|" + "---|---|---|" * len(dims)]
+    for key in ladder:
+        # Identifiers (stage04::forward, __syncwarp) as code, so that Markdown leaves their underscores alone.
+        label = re.sub(r"(\w+::\w+|__\w+)", r"`\1`", runs[(dims[0], False, COURSE_SEQ, key)]["label"])
+        cells = []
+        for d in dims:
+            r = runs.get((d, False, COURSE_SEQ, key))
+            if not r or r["ms"] is None:
+                cells += ["FAIL (not timed)", "–", "–"]
+                continue
+            try:
+                step = f"{ablation_gain(runs, ladder, d, key):.2f}"
+            except KeyError:
+                step = "–"
+            cells += [f"{r['ms']:.2f}", step, f"{ablation_ms(runs, d, 's04') / r['ms']:.2f}"]
+        lines.append(f"| `{key}` | {label} | " + " | ".join(cells) + " |")
+    runs_note = re.search(r"median of (\d+)", header)
+    lines.append("")
+    lines.append(f"fp32 forward, batch 4, 16 heads, seq {COURSE_SEQ}, not causal, on the H100 of the course; "
+                 f"median of {runs_note[1] if runs_note else 'the'} CUDA-event timings. Each rung of "
+                 "`bench/stage05_ablation.cu`'s kernel adds one change to the rung above it; `base` is stage 04's "
+                 "scheme and `pad4` stage 05's kernel, line for line. × step: the time of the row above over this "
+                 "row's; × stage 04: stage 04's time over this row's. Every variant matched the fp64 reference "
+                 "and stage 05's output before it was timed. From `bench/results/h100_stage05_ablation.txt` "
+                 "(`scripts/gpu_check_ablation.sh`).")
+    return "\n".join(lines)
+
+
+def causal_predicted(n):
+    """Visited tiles over all tiles of stage 06 at seq_q = seq_kv = n, 64-row query tiles: 1/2 + 1/(2T),
+    T = n/64 (lesson 06). A count, not a measurement."""
+    return 0.5 + 32 / n
+
+
+def stage06_order_table():
+    runs, _, _ = load_ablation()
+    keys = sorted({(k[0], k[2]) for k in runs if k[1]})
+    lines = ["| head_dim | N | not causal (ms) | causal (ms) | causal / not causal | visited tiles / all "
+             "| natural order (ms) | heaviest first (ms) | natural / heaviest first |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for d, n in keys:
+        def ms(key, causal):
+            r = runs.get((d, causal, n, key))
+            return r["ms"] if r and r["ms"] is not None else None
+        nc, c, nat, heavy = ms("s06", False), ms("s06", True), ms("natural", True), ms("heavy", True)
+        cell = lambda x: f"{x:.3f}" if x is not None else "FAIL"
+        ratio = lambda a, b: f"{a / b:.2f}" if a is not None and b is not None else "–"
+        lines.append(f"| {d} | {n} | {cell(nc)} | {cell(c)} | {ratio(c, nc)} | {causal_predicted(n):.3f} | "
+                     f"{cell(nat)} | {cell(heavy)} | {ratio(nat, heavy)} |")
+    lines.append("")
+    lines.append("Stage 06, fp32, course grid (batch·N = 16384 tokens, 16 heads), measured back to back in one "
+                 "program: stage 06 as built, causal and not; and its kernel with the heaviest blocks first (as "
+                 "built) and in the natural block order, each checked against the fp64 reference and stage 06 "
+                 "first. Visited tiles / all is the tile count's prediction for the causal/non-causal time, not a "
+                 "measurement. From `bench/results/h100_stage05_ablation.txt` (`bench/stage05_ablation.cu`).")
+    return "\n".join(lines)
+
+
+# Table name -> the results file it is made from, for the tables that need a file not every checkout
+# has yet; a missing one leaves the table out of tables() and is named in MISSING (--check fails on a
+# page that asks for it, saying which file to add).
+MISSING = {}
 # stage13_decoding/bf16/decode/d128/h32kv8/batch:1/seq_kv:131072 (decode_paged64/...: the paged cache)
 DECODE_NAME = re.compile(r"stage(\d\d)_\w+/(\w+)/decode(?:_paged(\d+))?/d(\d+)/h(\d+)kv(\d+)/batch:(\d+)/seq_kv:(\d+)")
 
@@ -385,6 +573,16 @@ def tables():
             out[f"ncu-tensor-d{d}"] = ncu_tensor_table(d)
     for d in (64, 128):
         out[f"ncu-d{d}"] = ncu_table(d, runs)
+        try:
+            out[f"ncu-kernels-d{d}"] = ncu_kernels_table(d)
+        except KeyError:
+            MISSING[f"ncu-kernels-d{d}"] = f"stages 01, 02 and 07 in {ncu_path(d).name} (scripts/profile_stages.sh {d})"
+    if ABLATION.exists():
+        out["stage05-ablation"] = ablation_table()
+        out["stage06-order"] = stage06_order_table()
+    else:
+        for name in ("stage05-ablation", "stage06-order"):
+            MISSING[name] = f"{ABLATION.name} (scripts/gpu_check_ablation.sh)"
     for stage in sorted({k[0] for k in runs}):
         out[f"stage-{stage:02d}"] = stage_table(runs, stage)
     backward = load_bench(backward=True)
@@ -472,10 +670,28 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       runner/SS/COLUMN                  a cell of h100_runner.txt (time_ms, tflops, err_vs_prev, err_vs_ref)
       runner-max/AA-BB/COLUMN           the largest err_vs_ref (or other number column) of stages AA..BB
       ptxas/SS/KERNEL/dD/WHAT           registers, stack, spill-stores, spill-loads of a kernel (e.g.
-                                        online_softmax_attention_kernel, dk_dv_kernel) in ptxas_sm90.txt
+                                        online_softmax_attention_kernel, dk_dv_kernel) in ptxas_sm90.txt;
+                                        of a kernel compiled for several tile sizes, the largest (the H100's)
       traffic-ms/SS/dD/PASSES           PASSES passes over stage SS's workspace at the course problem, in
                                         ms at the copy rate of pytorch_anchors_h100.md
       ratio/SPEC_A+SPEC_B               the figure SPEC_A over the figure SPEC_B (2 decimals)
+      above/SPEC_A+SPEC_B               "above", "below" or "level with": how figure SPEC_A compares with
+                                        SPEC_B as printed, for sentences that must stay true
+      ncu-nonffma/dD/SS                 the share of warp instructions that are not FFMA, in percent
+                                        (1 - FFMA thread instructions / 32 / smsp__inst_executed.sum)
+      ncu-kernel/dD/SS/KERNEL/METRIC    a metric of one kernel of a stage profiled as several (stages 01,
+                                        02: scores, softmax, pv; 07: row_dot, dk_dv, dq), or nonffma
+      ablation/dD/cC/N/KEY/ms|tflops    a variant of h100_stage05_ablation.txt (KEY: s04, base, tiles, oneexp,
+                                        warprows, regtile, shuffle, float4, transp, pad4, s05; s06, heavy,
+                                        natural)
+      ablation-gain/dD/KEY              what the rung KEY buys: the time of the rung before it over its own,
+                                        stage 04 -> 05 at the course problem (2 decimals)
+      ablation-total/dD/KEY             stage 04's time over rung KEY's
+      ablation-top/dD/label|key|gain    the rung (tiles .. pad4) that gains most at head_dim D: its name in
+                                        words, its key, its gain
+      ablation-order/dD/N               stage 06, causal: natural block order's time over heaviest-first's
+      ablation-causal/dD/N              stage 06: causal time over non-causal time, measured back to back
+      causal-predicted/N                the tile count's prediction of that ratio, 1/2 + 32/N (not measured)
       decode/PAGE/B/N/gbs|pct|us        stage 13's decode family in h100_bench_decode.json (PAGE 0: the
                                         contiguous cache, else the page size; pct: % of the HBM datasheet)
     """
@@ -516,6 +732,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         if metric not in NCU_ROWS:
             raise KeyError(metric)
         label, divisor, decimals = NCU_ROWS[metric]
+        if metric not in metrics[stage]:
+            raise KeyError(f"{ncu_path(d).name} has no {metric} for stage {stage:02d}: run scripts/profile_stages.sh {d}")
         if kind == "ncu":
             return f"{metrics[stage][metric] / divisor:,.{decimals}f}"
         other = int(parts[4])
@@ -553,6 +771,50 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         a, b = "/".join(parts[1:]).split("+")
         args = dict(runs=runs, backward=backward, compare=compare, anchors=anchors)
         return f"{float(value(a, **args).replace(',', '')) / float(value(b, **args).replace(',', '')):.2f}"
+    if kind == "above":  # above/SPEC_A+SPEC_B
+        a, b = "/".join(parts[1:]).split("+")
+        args = dict(runs=runs, backward=backward, compare=compare, anchors=anchors)
+        x, y = (float(value(spec_, **args).replace(",", "")) for spec_ in (a, b))
+        return "above" if x > y else "below" if x < y else "level with"
+    if kind == "ncu-nonffma":
+        d, stage = int(parts[1][1:]), int(parts[2])
+        m = load_ncu(d)[stage]
+        if "smsp__inst_executed.sum" not in m:
+            raise KeyError(f"{ncu_path(d).name} has no smsp__inst_executed.sum for stage {stage:02d}: run "
+                           f"scripts/profile_stages.sh {d}")
+        return f"{nonffma_pct(m):.1f}"
+    if kind == "ncu-kernel":  # ncu-kernel/dD/SS/KERNEL/METRIC
+        d, stage, kernel, metric = int(parts[1][1:]), int(parts[2]), parts[3], parts[4]
+        m = load_ncu_kernels(d)[stage][kernel]
+        if metric == "nonffma":
+            return f"{nonffma_pct(m):.1f}"
+        label, divisor, decimals = NCU_ROWS[metric]
+        return f"{m[metric] / divisor:,.{decimals}f}"
+    if kind.startswith("ablation") or kind == "causal-predicted":
+        if kind == "causal-predicted":
+            return f"{causal_predicted(int(parts[1])):.3f}"
+        ab_runs, ladder, _ = load_ablation()
+        d = int(parts[1][1:])
+        if kind == "ablation":
+            causal, n, key, what = parts[2] == "c1", int(parts[3]), parts[4], parts[5]
+            r = ab_runs[(d, causal, n, key)]
+            if r[what] is None:
+                raise KeyError(f"{key} failed its checks and was not timed")
+            return f"{r[what]:.3f}" if what == "ms" else f"{r[what]:.2f}"
+        if kind == "ablation-gain":
+            return f"{ablation_gain(ab_runs, ladder, d, parts[2]):.2f}"
+        if kind == "ablation-total":
+            return f"{ablation_ms(ab_runs, d, 's04') / ablation_ms(ab_runs, d, parts[2]):.2f}"
+        if kind == "ablation-top":
+            rungs = [k for k in ladder if k in ABLATION_SHORT]
+            top = max(rungs, key=lambda k: ablation_gain(ab_runs, ladder, d, k))
+            return {"label": ABLATION_SHORT[top], "key": top,
+                    "gain": f"{ablation_gain(ab_runs, ladder, d, top):.2f}"}[parts[2]]
+        n = int(parts[2])
+        if kind == "ablation-order":
+            return f"{ablation_ms(ab_runs, d, 'natural', True, n) / ablation_ms(ab_runs, d, 'heavy', True, n):.2f}"
+        if kind == "ablation-causal":
+            return f"{ablation_ms(ab_runs, d, 's06', True, n) / ablation_ms(ab_runs, d, 's06', False, n):.2f}"
     if kind.startswith("ncu-") or kind == "ffma-split":
         d, stage = int(parts[1][1:]), int(parts[2])
         m = load_ncu(d)[stage]
@@ -600,13 +862,16 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
     if kind == "ptxas":
         stage, kernel, d, what = parts[1], parts[2], parts[3][1:], parts[4]
         text = (RESULTS / "ptxas_sm90.txt").read_text()
+        # The template arguments follow the kernel's name: head_dim first, then (stages 04-07) the tile
+        # size, of which the H100 runs the largest.
         entry = re.compile(r"Function properties for _ZN7stage(\d\d)\w*?_cu_[0-9a-f]{8}\d+([a-z_]+_kernel)"
-                           r"(?:ILi(\d+)E)?\w*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                           r"(?:ILi(\d+)E(?:Li(\d+)E)?)?\w*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
                            r"(\d+) bytes spill loads\nptxas info\s*: Used (\d+) registers")
-        for m in entry.finditer(text):
-            if (m[1], m[2], m[3] or "") == (stage, kernel, d):
-                return {"stack": m[4], "spill-stores": m[5], "spill-loads": m[6], "registers": m[7]}[what]
-        raise KeyError(spec)
+        found = [m for m in entry.finditer(text) if (m[1], m[2], m[3] or "") == (stage, kernel, d)]
+        if not found:
+            raise KeyError(spec)
+        m = max(found, key=lambda m: int(m[4] or 0))
+        return {"stack": m[5], "spill-stores": m[6], "spill-loads": m[7], "registers": m[8]}[what]
     if kind == "decode":  # decode/PAGE/B/N/gbs|pct|us
         r = load_decode_bench()[(int(parts[1]), int(parts[2]), int(parts[3]))]
         if parts[4] == "pct":
@@ -634,6 +899,9 @@ class Values(dict):
     def __missing__(self, spec):
         try:
             self[spec] = value(spec, **self.sources)
+        except FileNotFoundError as e:
+            raise SystemExit(f"no measured figure for value:{spec}: bench/results/{pathlib.Path(e.filename).name} "
+                             f"does not exist yet (scripts/gpu_check_ablation.sh and the profile scripts write it)")
         except (KeyError, IndexError, ValueError) as e:
             raise SystemExit(f"no measured figure for value:{spec} ({e!r})")
         return self[spec]
@@ -643,6 +911,8 @@ def fill(text, all_tables, values, where):
     """text with every table region and inline figure regenerated."""
     def table(m):
         name = m[1]
+        if name in MISSING:
+            raise SystemExit(f"{where}: table {name} needs {MISSING[name]}, which bench/results/ does not have yet")
         if name not in all_tables:
             raise SystemExit(f"{where}: no table named {name}")
         return f"<!-- table:{name} -->\n{all_tables[name]}\n<!-- /table:{name} -->"
@@ -676,7 +946,13 @@ def check(paths, all_tables, values):
     stale = 0
     for path in paths:
         text = path.read_text()
-        new = fill(text, all_tables, values, path)
+        try:
+            new = fill(text, all_tables, values, path)
+        except SystemExit as e:  # a figure with no source: stale, and say which
+            stale += 1
+            where = str(path.relative_to(ROOT) if path.is_absolute() else path)
+            print(str(e).replace(str(path), where) if str(path) in str(e) else f"{where}: {e}")
+            continue
         if new != text:
             stale += 1
             for name in stale_regions(text, new) or ["a generated region"]:

@@ -12,6 +12,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -28,6 +29,8 @@ namespace {
 using flash::DType;
 
 constexpr uint64_t kSeed = 13;
+// Problem's scale for "the usual 1 / sqrt(head_dim)" (harness::Problem::softmax_scale).
+constexpr float kDefaultScale = std::numeric_limits<float>::quiet_NaN();
 // lse of a half stage: fp32 sums and ex2.approx (as in test_stages_gpu.cpp).
 constexpr double kHalfLseTolerance = 1e-4;
 // Host multiply-adds the fp64 reference may spend per case; past this it checks a spread sample of
@@ -36,7 +39,8 @@ constexpr double kReferenceMacs = 1 << 26;
 
 const registry::Stage& decoding() { return *registry::find(13); }
 
-// Problems below are written {batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, causal, scale, dtype}.
+// Problems below are written {batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, causal, scale, dtype},
+// scale kDefaultScale for 1 / sqrt(head_dim).
 
 std::string problem_name(const harness::Problem& p) {
   std::ostringstream s;
@@ -52,9 +56,8 @@ const harness::HostInputs& inputs_for(const harness::Problem& p,
   static harness::Problem cached_problem;
   static harness::InputKind cached_kind = harness::InputKind::kNormal;
   static std::unique_ptr<harness::HostInputs> cached;
-  harness::Problem key = p;
+  harness::Problem key = p;  // the inputs do not depend on causal or the scale
   key.causal = false;
-  key.scale = 0.0f;
   const bool same = cached && cached_kind == kind && key.describe() == cached_problem.describe();
   if (!same) {
     cached.reset();
@@ -109,11 +112,14 @@ std::vector<long long> reference_rows(const harness::Problem& p) {
   return harness::sample_rows(p.rows(), std::max(64LL, budget));
 }
 
-// The fixtures' SetUp: without a GPU every test skips, saying what was found.
-#define STAGE13_REQUIRE_GPU()                                 \
-  do {                                                        \
-    std::string why;                                          \
-    if (!harness::gpu_available(&why)) GTEST_SKIP() << why;   \
+// The fixtures' SetUp: without a GPU, or on one older than stage 13 needs (8.0), every test skips,
+// saying what was found.
+#define STAGE13_REQUIRE_GPU()                                                                            \
+  do {                                                                                                   \
+    std::string why;                                                                                     \
+    if (!harness::gpu_available(&why)) GTEST_SKIP() << why;                                              \
+    const flash::Status cc = flash::check_compute_capability(decoding().min_compute_capability);         \
+    if (cc.code == flash::StatusCode::kArchNotSupported) GTEST_SKIP() << "stage13: " << flash::to_string(cc); \
   } while (0)
 
 // ---------------------------------------------------------------------------------------------
@@ -125,7 +131,7 @@ std::vector<harness::Problem> decode_sweep() {
   auto add = [&](int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim) {
     for (DType dtype : {DType::kBf16, DType::kFp16})
       for (bool causal : {false, true})  // innermost: the two share their inputs
-        cases.push_back({batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, causal, 0.0f, dtype});
+        cases.push_back({batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, causal, kDefaultScale, dtype});
   };
   // GQA ratios 1, 4 and 8 and MQA, at every length up to 4097: batch, heads_q, heads_kv.
   const int heads[][3] = {{1, 4, 4}, {2, 16, 4}, {3, 16, 2}, {2, 8, 1}};
@@ -180,7 +186,7 @@ INSTANTIATE_TEST_SUITE_P(Decode, DecodeSweep, ::testing::ValuesIn(decode_sweep()
 std::vector<harness::Problem> every_seq_q() {
   std::vector<harness::Problem> cases;
   for (int seq_q = 1; seq_q <= stage13::kMaxSeqQ; ++seq_q)
-    cases.push_back({2, 8, 2, seq_q, 300, 64, true, 0.0f, DType::kBf16});
+    cases.push_back({2, 8, 2, seq_q, 300, 64, true, kDefaultScale, DType::kBf16});
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(EverySeqQ, DecodeSweep, ::testing::ValuesIn(every_seq_q()), sweep_name);
@@ -197,8 +203,8 @@ class Stage13 : public ::testing::Test {
 // The same inputs twice give the same bits: the partials are merged in split order, no atomics.
 // The shape has many splits, so the merge really runs.
 TEST_F(Stage13, stage13_IsDeterministic) {
-  for (const harness::Problem& p : {harness::Problem{2, 32, 8, 1, 16384, 128, false, 0.0f, DType::kBf16},
-                                    harness::Problem{1, 8, 2, 16, 20000, 64, true, 0.0f, DType::kFp16}}) {
+  for (const harness::Problem& p : {harness::Problem{2, 32, 8, 1, 16384, 128, false, kDefaultScale, DType::kBf16},
+                                    harness::Problem{1, 8, 2, 16, 20000, 64, true, kDefaultScale, DType::kFp16}}) {
     ASSERT_GT(stage13::max_splits(p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv), 1) << p.describe();
     const harness::DeviceInputs dev(inputs_for(p), p.dtype);
     const Result first = run_contiguous(p, dev);
@@ -211,7 +217,7 @@ TEST_F(Stage13, stage13_IsDeterministic) {
 
 // More than a million keys: one sequence, MQA (4 query heads on one K/V head), two new queries.
 TEST_F(Stage13, stage13_MillionKeyCacheMatchesReference) {
-  const harness::Problem p{1, 4, 1, 2, (1 << 20) + 3, 64, true, 0.0f, DType::kBf16};
+  const harness::Problem p{1, 4, 1, 2, (1 << 20) + 3, 64, true, kDefaultScale, DType::kBf16};
   const harness::HostInputs& host = inputs_for(p);
   const harness::DeviceInputs dev(host, p.dtype);
   const Result got = run_contiguous(p, dev);
@@ -224,7 +230,7 @@ TEST_F(Stage13, stage13_MillionKeyCacheMatchesReference) {
 TEST_F(Stage13, stage13_ExtremeScoresStayFiniteAndCorrect) {
   for (DType dtype : {DType::kBf16, DType::kFp16})
     for (bool causal : {false, true}) {
-      const harness::Problem p{2, 8, 2, 3, 1000, 64, causal, 0.0f, dtype};
+      const harness::Problem p{2, 8, 2, 3, 1000, 64, causal, kDefaultScale, dtype};
       const harness::HostInputs& host = inputs_for(p, harness::InputKind::kExtreme);
       const Result got = run_contiguous(p, harness::DeviceInputs(host, dtype));
       ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
@@ -252,7 +258,7 @@ TEST_F(Stage13, stage13_AnyScaleMatchesReference) {
 // the rows that see past it.
 TEST_F(Stage13, stage13_HiddenKeysDoNotAffectOutput) {
   for (int seq_kv : {300, 5000}) {
-    const harness::Problem p{2, 8, 2, 16, seq_kv, 64, true, 0.0f, DType::kBf16};
+    const harness::Problem p{2, 8, 2, 16, seq_kv, 64, true, kDefaultScale, DType::kBf16};
     const int cut = seq_kv - p.seq_q + p.seq_q / 2;
     harness::HostInputs host = harness::make_inputs(p, kSeed);
     const Result before = run_contiguous(p, harness::DeviceInputs(host, p.dtype));
@@ -349,7 +355,8 @@ HostPagedCache build_paged(const PagedCase& c, const std::vector<int>& lengths) 
   int next_page = 0;
   for (int b = 0; b < cache.batch; ++b) {
     const int len = lengths[b];
-    harness::Problem p{1, c.heads_q, c.heads_kv, c.seq_q, std::max(len, 1), c.head_dim, c.causal, 0.0f, c.dtype};
+    const harness::Problem p{1, c.heads_q, c.heads_kv, c.seq_q, std::max(len, 1), c.head_dim, c.causal,
+                             kDefaultScale, c.dtype};
     harness::HostInputs in = harness::make_inputs(p, kSeed + 100 + b);
     cache.q.insert(cache.q.end(), in.q.begin(), in.q.end());
     for (int j = 0; j < len; ++j) {
@@ -422,7 +429,8 @@ TEST_P(PagedDecode, MatchesContiguousAndReference) {
     // the sums are taken in another order, so the two agree to the tolerance, not to the bit.
     const harness::ErrorStats err = harness::compare(o, contiguous.o);
     const double tolerance = harness::agreement_tolerance(c.dtype, c.dtype);
-    EXPECT_TRUE(err.within(tolerance)) << "paged O vs contiguous: " << err.describe() << " (allowed " << tolerance << ")";
+    EXPECT_TRUE(err.within(tolerance)) << "paged O vs contiguous: " << err.describe() << " (allowed " << tolerance
+                                       << ")";
     EXPECT_TRUE(harness::compare(lse, contiguous.lse).within(kHalfLseTolerance))
         << "paged lse vs contiguous: " << harness::compare(lse, contiguous.lse).describe();
     expect_matches_reference(p, cache.inputs[b], o, lse, harness::sample_rows(p.rows(), p.rows()));

@@ -72,6 +72,10 @@ INSTANTIATE_TEST_SUITE_P(
         Refused{"--head-dim 1.5", kExitUsage, "--head-dim 1.5: not a whole number"},
         Refused{"--runs 0", kExitUsage, "--runs 0: out of range"},
         Refused{"--stage -3", kExitUsage, "--stage -3: out of range"},
+        Refused{"--smem-limit 0", kExitUsage, "--smem-limit 0: out of range (1 to 2147483647)"},
+        Refused{"--smem-limit -64", kExitUsage, "--smem-limit -64: out of range"},
+        Refused{"--smem-limit 64k", kExitUsage, "--smem-limit 64k: not a whole number"},
+        Refused{"--smem-limit 99999999999", kExitUsage, "--smem-limit 99999999999: out of range"},
         // Values that parse but mean nothing.
         Refused{"--stage 99", kExitUsage, "--stage 99: no such stage"},
         // Stages 11 and 12 are not written yet: the numbers have a gap.
@@ -81,6 +85,7 @@ INSTANTIATE_TEST_SUITE_P(
         // The form of the command line.
         Refused{"--seq", kExitUsage, "--seq: needs a value"},
         Refused{"--dtype", kExitUsage, "--dtype: needs a value"},
+        Refused{"--smem-limit", kExitUsage, "--smem-limit: needs a value"},
         Refused{"--frobnicate", kExitUsage, "unknown option '--frobnicate'"},
         Refused{"1024", kExitUsage, "unknown option '1024'"},
         // Well-formed, but no selected stage can run it.
@@ -109,7 +114,8 @@ TEST(Runner, HelpDocumentsEveryOptionAndTheExitCodes) {
   const Result r = runner("--help", /*merge_stderr=*/false);
   EXPECT_EQ(r.exit_code, 0);
   for (const char* option : {"--stage", "--exercise", "--batch", "--heads", "--heads-kv", "--seq", "--seq-q", "--seq-kv",
-                             "--head-dim", "--causal", "--dtype", "--runs", "--json", "--list", "--help"})
+                             "--head-dim", "--causal", "--dtype", "--runs", "--smem-limit", "--json", "--list",
+                             "--help"})
     EXPECT_NE(r.out.find(option), std::string::npos) << option << " missing from --help:\n" << r.out;
   EXPECT_NE(r.out.find("Exit codes"), std::string::npos) << r.out;
 }

@@ -8,10 +8,14 @@
 // Without a GPU every test here skips with the reason.
 // The exercises (exercises/README.md) run through the same tests as their stages. As shipped they
 // fail, each failure naming the exercise and its file, until the learner's lines are right.
+// The stages that choose their tiles from the GPU's shared memory per block (04-07) run the sweep
+// again under the limits of a T4, an RTX 30/40 card and the 48 KiB default, whatever the GPU
+// (flash::set_shared_memory_limit), wherever a limit changes their tiles.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <tuple>
 #include <cstdio>
 #include <cstdlib>
@@ -52,11 +56,13 @@ struct Case {
   int stage_number;
   harness::Problem problem;
   bool exercise = false;  // the exercise of stage stage_number rather than the stage
+  int smem_limit_kib = 0;  // not 0: run with flash::set_shared_memory_limit(this many KiB)
 };
 
 // How GoogleTest prints a case in a failure message.
 void PrintTo(const Case& c, std::ostream* os) {
   *os << (c.exercise ? "exercise " : "stage ") << c.stage_number << ", " << c.problem.describe();
+  if (c.smem_limit_kib != 0) *os << ", shared memory per block limited to " << c.smem_limit_kib << " KiB";
 }
 
 const registry::Stage& stage_of(const Case& c) {
@@ -72,6 +78,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   s << stage_of(info.param).label() << "_d" << p.head_dim << "_b"
     << p.batch << "h" << p.heads_q << "kv" << p.heads_kv << "_q" << p.seq_q << "_k" << p.seq_kv
     << (p.causal ? "_causal" : "") << (p.dtype != flash::DType::kFp32 ? std::string("_") + flash::dtype_name(p.dtype) : "");
+  if (info.param.smem_limit_kib != 0) s << "_smem" << info.param.smem_limit_kib << "k";
   return s.str();
 }
 
@@ -91,7 +98,8 @@ std::vector<Case> sweep() {
         for (const auto& h : heads)
           for (const auto& [seq_q, seq_kv] : seqs)
             for (bool causal : {false, true}) {
-              const harness::Problem p{h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal, 0.0f, dtype};
+              harness::Problem p{h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal};
+              p.dtype = dtype;
               if (entry->supports(p)) cases.push_back(case_of(*entry, p));
             }
   return cases;
@@ -100,6 +108,14 @@ std::vector<Case> sweep() {
 void require_gpu() {
   std::string why;
   if (!harness::gpu_available(&why)) GTEST_SKIP() << why;
+}
+
+// Skips, with the reason, a stage this GPU is too old for (the tensor-core stages need 8.0).
+void require_compute_capability(const registry::Stage& s) {
+  if (s.min_compute_capability == 0) return;
+  const flash::Status status = flash::check_compute_capability(s.min_compute_capability);
+  if (status.code == flash::StatusCode::kArchNotSupported)
+    GTEST_SKIP() << s.label() << ": " << flash::to_string(status);
 }
 
 // For an exercise, every failure of a test ends with a trace naming the exercise and its file.
@@ -119,8 +135,13 @@ class StageSweep : public ::testing::TestWithParam<Case>, protected ExerciseTrac
  protected:
   void SetUp() override {
     require_gpu();
+    if (IsSkipped()) return;
+    require_compute_capability(stage_of(GetParam()));
     trace(stage_of(GetParam()));
+    if (GetParam().smem_limit_kib != 0)
+      flash::set_shared_memory_limit(static_cast<size_t>(GetParam().smem_limit_kib) * 1024);
   }
+  void TearDown() override { flash::set_shared_memory_limit(0); }
 };
 
 // O and lse at the picked rows against the fp64 reference: relative L2 for fp32 (or fp32_tolerance),
@@ -269,17 +290,20 @@ TEST_P(EveryStage, LongSequenceMatchesPreviousStage) {
 }
 
 // The scale is any finite number: negative (the softmax then favours the smallest scores, and a
-// kernel that takes the max before scaling, or scales masked -inf, goes wrong) and large.
+// kernel that takes the max before scaling, or scales masked -inf, goes wrong), zero (every visible
+// key weighs the same; -inf times 0 would be NaN) and large. Both head dims, since a stage may
+// choose different code per head_dim.
 TEST_P(EveryStage, AnyScaleMatchesReference) {
-  for (float scale : {-0.2f, 1.5f}) {
-    harness::Problem p = problem({2, 4, 2, 129, 200, 64, stage().causal});
-    p.scale = scale;
-    const harness::HostInputs host = harness::make_inputs(p, kSeed);
-    const registry::ForwardResult got = registry::run_forward(stage(), p, host);
-    ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
-    SCOPED_TRACE("scale " + std::to_string(scale));
-    expect_matches_reference(stage(), p, host, got, harness::sample_rows(p.rows(), p.rows()), kFp32Tolerance);
-  }
+  for (int head_dim : {64, 128})
+    for (float scale : {-0.2f, 0.0f, 1.5f}) {
+      harness::Problem p = problem({2, 4, 2, 129, 200, head_dim, stage().causal});
+      p.scale = scale;
+      const harness::HostInputs host = harness::make_inputs(p, kSeed);
+      const registry::ForwardResult got = registry::run_forward(stage(), p, host);
+      ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+      SCOPED_TRACE("head_dim " + std::to_string(head_dim) + ", scale " + std::to_string(scale));
+      expect_matches_reference(stage(), p, host, got, harness::sample_rows(p.rows(), p.rows()), kFp32Tolerance);
+    }
 }
 
 // O(N) memory: at seq 131072 the score matrix alone is 64 GiB. Stages that materialize it refuse to
@@ -417,6 +441,171 @@ TEST_P(BackwardSweep, MatchesReferenceGradients) {
 
 INSTANTIATE_TEST_SUITE_P(Sweep, BackwardSweep, ::testing::ValuesIn(backward_sweep()), case_name);
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(BackwardSweep);
+
+// ---------------------------------------------------------------------------------------------
+// The GPUs learners have: less shared memory per block than this GPU, by flash::set_shared_memory_limit
+// ---------------------------------------------------------------------------------------------
+
+// Shared memory per block, in KiB, where a learner's GPU allows less than an H100 (227 KiB): an
+// RTX 30/40 card 99 (sm_86, sm_89), a T4 64 (sm_75), and 48, what any block gets without opting in.
+constexpr int kLearnerLimitsKib[] = {99, 64, 48};
+
+// Whether `tiles` (a stage's forward_tiles or backward_tiles; null: tiles that never change) picks
+// other tiles at head_dim under limit_kib than with no limit, or none.
+bool limit_changes_tiles(registry::TilesFn tiles, int head_dim, int limit_kib) {
+  if (!tiles) return false;
+  flash::TileShape own, limited;
+  const flash::Status a = tiles(head_dim, SIZE_MAX, &own);
+  const flash::Status b = tiles(head_dim, static_cast<size_t>(limit_kib) * 1024, &limited);
+  return !a.ok() || !b.ok() || own.block_rows != limited.block_rows || own.block_cols != limited.block_cols;
+}
+
+// The cases of a sweep again under each of kLearnerLimitsKib, where the limit changes the stage's
+// tiles (elsewhere the case is the sweep's own): on an H100 this runs what a T4 or an RTX 30/40 card
+// runs. The backward's cases count its own tiles as well as the forward's. Stages only: the tile
+// choice is no part of an exercise.
+std::vector<Case> under_learner_limits(const std::vector<Case>& cases, bool backward) {
+  std::vector<Case> limited;
+  for (int kib : kLearnerLimitsKib)
+    for (Case c : cases) {
+      const registry::Stage& s = stage_of(c);
+      const int d = c.problem.head_dim;
+      if (s.is_exercise() || !(limit_changes_tiles(s.forward_tiles, d, kib) ||
+                               (backward && limit_changes_tiles(s.backward_tiles, d, kib))))
+        continue;
+      c.smem_limit_kib = kib;
+      limited.push_back(c);
+    }
+  return limited;
+}
+
+INSTANTIATE_TEST_SUITE_P(SharedMemoryLimits, StageSweep, ::testing::ValuesIn(under_learner_limits(sweep(), false)),
+                         case_name);
+INSTANTIATE_TEST_SUITE_P(SharedMemoryLimits, BackwardSweep,
+                         ::testing::ValuesIn(under_learner_limits(backward_sweep(), true)), case_name);
+
+class StageSharedMemory : public ::testing::TestWithParam<registry::Stage> {
+ protected:
+  void SetUp() override {
+    require_gpu();
+    if (IsSkipped()) return;
+    require_compute_capability(GetParam());
+  }
+  void TearDown() override { flash::set_shared_memory_limit(0); }
+};
+
+// Under each learner's limit, flash::shared_memory_limit reports it (or this GPU's own limit, where
+// lower), and the stage picks tiles within it: smaller ones than this GPU's wherever its own do not fit.
+TEST_P(StageSharedMemory, EachLimitSelectsTilesThatFit) {
+  const registry::Stage& s = GetParam();
+  size_t own_limit = 0;
+  ASSERT_TRUE(flash::shared_memory_limit(&own_limit).ok());
+  int smaller = 0;
+  for (int kib : kLearnerLimitsKib) {
+    const size_t bytes = static_cast<size_t>(kib) * 1024;
+    flash::set_shared_memory_limit(bytes);
+    EXPECT_EQ(flash::shared_memory_limit_override(), bytes);
+    size_t limit = 0;
+    ASSERT_TRUE(flash::shared_memory_limit(&limit).ok());
+    EXPECT_EQ(limit, std::min(bytes, own_limit)) << kib << " KiB";
+    for (const auto& [tiles, pass] : {std::pair{s.forward_tiles, "forward"}, {s.backward_tiles, "backward"}}) {
+      if (!tiles) continue;
+      for (int d : s.head_dims) {
+        SCOPED_TRACE(std::string(pass) + " at head_dim " + std::to_string(d) + " under " + std::to_string(kib) +
+                     " KiB");
+        flash::TileShape own, limited;
+        ASSERT_TRUE(tiles(d, own_limit, &own).ok());
+        const flash::Status status = tiles(d, limit, &limited);
+        ASSERT_TRUE(status.ok()) << flash::to_string(status);
+        EXPECT_LE(limited.shared_bytes, limit);
+        if (own.shared_bytes > limit) {
+          EXPECT_LT(limited.shared_bytes, own.shared_bytes);
+          EXPECT_LT(limited.block_cols, own.block_cols);
+          ++smaller;
+        } else {
+          EXPECT_EQ(limited.block_cols, own.block_cols) << "tiles that fit are the GPU's own";
+          EXPECT_EQ(limited.shared_bytes, own.shared_bytes);
+        }
+      }
+    }
+  }
+  // Every stage with tiles has one that a 48 KiB block cannot hold, except where this GPU's own
+  // limit already took the smallest (a T4: the backward).
+  if (own_limit >= 99 * 1024) {
+    EXPECT_GT(smaller, 0) << "no limit changed the tiles of " << s.label();
+  }
+  flash::set_shared_memory_limit(0);
+  EXPECT_EQ(flash::shared_memory_limit_override(), 0u);
+  size_t restored = 0;
+  ASSERT_TRUE(flash::shared_memory_limit(&restored).ok());
+  EXPECT_EQ(restored, own_limit);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, StageSharedMemory,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) {
+                           return !s.is_exercise() && s.forward_tiles != nullptr;
+                         })),
+                         stage_label);
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(StageSharedMemory);
+
+// Below what a stage's smallest tiles need (1 KiB per block here), the call is refused before any
+// launch with a status that names shared memory and the GPU. Stages 01-03 keep no tiles in shared
+// memory (01 and 02 reduce through a 1 KiB buffer): they run under any limit.
+class StageBelowSmallestTiles : public StageSharedMemory {};
+
+TEST_P(StageBelowSmallestTiles, IsRefusedNamingSharedMemoryAndTheGpu) {
+  const registry::Stage& s = GetParam();
+  constexpr size_t kTinyLimit = 1024;
+  cudaDeviceProp prop;
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+  const bool has_tiles = s.number >= 4;
+  for (int d : s.head_dims) {
+    SCOPED_TRACE("head_dim " + std::to_string(d));
+    const int seq_q = s.max_seq_q != 0 ? std::min(70, s.max_seq_q) : 70;  // a decoding stage takes up to 16
+    const harness::Problem p{1, 2, 1, seq_q, 90, d, false, 0.0f, s.dtypes.front()};
+    const harness::DeviceInputs dev(harness::make_inputs(p, kSeed), p.dtype);
+    flash::set_shared_memory_limit(kTinyLimit);
+    const registry::ForwardResult got = registry::run_forward(s, p, dev);
+    flash::set_shared_memory_limit(0);
+    if (!has_tiles) {
+      EXPECT_TRUE(got.status.ok()) << flash::to_string(got.status);
+      continue;
+    }
+    const std::string message = flash::to_string(got.status);
+    ASSERT_EQ(got.status.code, flash::StatusCode::kSharedMemoryTooSmall) << message;
+    EXPECT_EQ(got.status.value, static_cast<long long>(kTinyLimit));
+    EXPECT_GT(got.status.required, static_cast<long long>(kTinyLimit));
+    if (s.forward_tiles) {  // the bytes needed are those of the smallest tiles
+      flash::TileShape smallest;
+      ASSERT_TRUE(s.forward_tiles(d, flash::kDefaultSharedMemory, &smallest).ok());
+      EXPECT_EQ(got.status.required, static_cast<long long>(smallest.shared_bytes));
+    }
+    for (const std::string& part : {std::string("shared memory"), std::string(prop.name),
+                                    std::string("flash::set_shared_memory_limit")})
+      EXPECT_NE(message.find(part), std::string::npos) << "'" << message << "' should name " << part;
+
+    if (!s.backward) continue;
+    // The backward on its own (the forward above was refused): checked before any launch as well.
+    harness::DeviceBuffer<float> o(p.q_elems()), lse(p.rows()), dq(p.q_elems()), dk(p.kv_elems()), dv(p.kv_elems());
+    harness::DeviceBuffer<unsigned char> workspace(s.backward_workspace_bytes(p));
+    auto fp32 = [](const harness::DeviceTensor& t) { return static_cast<const float*>(t.get()); };
+    flash::set_shared_memory_limit(kTinyLimit);
+    const flash::Status back =
+        s.backward(fp32(dev.q), fp32(dev.k), fp32(dev.v), o.get(), lse.get(), fp32(dev.d_out), dq.get(), dk.get(),
+                   dv.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), false,
+                   workspace.get(), workspace.bytes(), nullptr);
+    flash::set_shared_memory_limit(0);
+    ASSERT_EQ(back.code, flash::StatusCode::kSharedMemoryTooSmall) << flash::to_string(back);
+    flash::TileShape smallest;
+    ASSERT_TRUE(s.backward_tiles(d, flash::kDefaultSharedMemory, &smallest).ok());
+    EXPECT_EQ(back.required, static_cast<long long>(smallest.shared_bytes));
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, StageBelowSmallestTiles,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) { return !s.is_exercise(); })),
+                         stage_label);
 
 class StageBackward : public ::testing::TestWithParam<registry::Stage>, protected ExerciseTrace {
  protected:

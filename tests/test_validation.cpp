@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include "13_decoding/decoding.h"
@@ -201,6 +202,111 @@ TEST_P(StageWithBackward, BackwardChecksShapesAndWorkspace) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Tiles per GPU: stages 04-07 take the largest of their tiles that fits the GPU's shared memory
+// ---------------------------------------------------------------------------------------------
+
+// Shared memory per block, in KiB: an H100, an A100, an RTX 30/40 card, a T4 (opt-in limits), and
+// the 48 KiB any block gets.
+constexpr int kGpuLimitsKib[] = {227, 163, 99, 64, 48};
+
+// The keys per K/V tile (the backward: rows and keys per tile) a stage must choose at head_dim under
+// each of kGpuLimitsKib; the lessons' shared-memory arithmetic, as numbers.
+struct ExpectedTiles {
+  int stage;
+  bool backward;
+  int head_dim;
+  int block_cols[5];
+};
+constexpr ExpectedTiles kExpectedTiles[] = {
+    {4, false, 32, {32, 32, 32, 32, 32}},  {4, false, 64, {32, 32, 32, 32, 32}},  {4, false, 128, {32, 32, 32, 32, 16}},
+    {5, false, 32, {64, 64, 64, 64, 64}},  {5, false, 64, {64, 64, 64, 32, 32}},  {5, false, 128, {32, 32, 32, 16, 8}},
+    {6, false, 32, {64, 64, 64, 64, 64}},  {6, false, 64, {64, 64, 64, 32, 32}},  {6, false, 128, {32, 32, 32, 16, 8}},
+    {7, false, 32, {64, 64, 64, 64, 64}},  {7, false, 64, {64, 64, 64, 32, 32}},  {7, false, 128, {32, 32, 32, 16, 8}},
+    {7, true, 32, {64, 64, 64, 32, 32}},   {7, true, 64, {64, 64, 32, 32, 32}},   {7, true, 128, {64, 32, 32, 16, 16}},
+};
+
+// Bytes of shared memory per block that the lessons quote: {stage, backward, head_dim, Bc, bytes}.
+struct QuotedBytes {
+  int stage;
+  bool backward;
+  int head_dim;
+  int block_cols;
+  size_t bytes;
+};
+constexpr QuotedBytes kQuotedBytes[] = {
+    {4, false, 128, 32, 53888},  {4, false, 128, 16, 35392},   // 52.6 KiB, 34.6 KiB
+    {5, false, 64, 64, 67584},   {5, false, 64, 32, 42496},    // 66 KiB, 41.5 KiB
+    {5, false, 128, 32, 75264},  {5, false, 128, 16, 54528},   // 73.5 KiB, 53.25 KiB
+    {5, false, 128, 8, 44160},                                  // 43.1 KiB
+    {7, true, 64, 64, 104960},   {7, true, 128, 64, 170496},   // 102.5 KiB, 166.5 KiB
+    {7, true, 64, 32, 44288},    {7, true, 128, 32, 77056},    // 43.25 KiB, 75.25 KiB
+    {7, true, 128, 16, 36480},                                  // 35.6 KiB
+};
+
+class StageTiles : public ::testing::TestWithParam<registry::Stage> {};
+
+// forward_tiles and backward_tiles are plain functions of the limit: checked here without a GPU.
+TEST_P(StageTiles, LargestTilesThatFitEachGpu) {
+  const registry::Stage& s = GetParam();
+  int rows = 0;
+  for (const ExpectedTiles& e : kExpectedTiles) {
+    if (e.stage != s.number) continue;
+    ++rows;
+    const registry::TilesFn tiles = e.backward ? s.backward_tiles : s.forward_tiles;
+    ASSERT_NE(tiles, nullptr);
+    for (size_t i = 0; i < std::size(kGpuLimitsKib); ++i) {
+      const size_t limit = static_cast<size_t>(kGpuLimitsKib[i]) * 1024;
+      SCOPED_TRACE(std::string(e.backward ? "backward" : "forward") + " at head_dim " + std::to_string(e.head_dim) +
+                   " under " + std::to_string(kGpuLimitsKib[i]) + " KiB");
+      flash::TileShape t;
+      const flash::Status status = tiles(e.head_dim, limit, &t);
+      ASSERT_TRUE(status.ok()) << flash::to_string(status);
+      EXPECT_EQ(t.block_cols, e.block_cols[i]);
+      EXPECT_EQ(t.block_rows, e.backward ? e.block_cols[i] : s.number == 4 ? 32 : 64);
+      EXPECT_LE(t.shared_bytes, limit);
+      const int quoted = !e.backward && s.number >= 5 ? 5 : s.number;  // 06 and 07 keep stage 05's tiles
+      for (const QuotedBytes& q : kQuotedBytes) {
+        if (q.stage == quoted && q.backward == e.backward && q.head_dim == e.head_dim && q.block_cols == t.block_cols) {
+          EXPECT_EQ(t.shared_bytes, q.bytes);
+        }
+      }
+    }
+    // With no limit, the lesson's own tiles: the H100's.
+    flash::TileShape unlimited;
+    ASSERT_TRUE(tiles(e.head_dim, SIZE_MAX, &unlimited).ok());
+    EXPECT_EQ(unlimited.block_cols, e.block_cols[0]);
+  }
+  EXPECT_EQ(rows, s.backward ? 6 : 3) << "no expected tiles for " << s.label();
+}
+
+// Below the smallest tiles: kSharedMemoryTooSmall with the limit and the bytes needed.
+TEST_P(StageTiles, BelowTheSmallestTilesIsRefused) {
+  const registry::Stage& s = GetParam();
+  for (registry::TilesFn tiles : {s.forward_tiles, s.backward_tiles}) {
+    if (!tiles) continue;
+    for (int d : s.head_dims) {
+      flash::TileShape smallest, t;
+      ASSERT_TRUE(tiles(d, flash::kDefaultSharedMemory, &smallest).ok());
+      const flash::Status status = tiles(d, smallest.shared_bytes - 1, &t);
+      EXPECT_EQ(status.code, flash::StatusCode::kSharedMemoryTooSmall) << flash::to_string(status);
+      EXPECT_EQ(status.value, static_cast<long long>(smallest.shared_bytes - 1));
+      EXPECT_EQ(status.required, static_cast<long long>(smallest.shared_bytes));
+      const std::string message = flash::to_string(status);
+      EXPECT_NE(message.find("shared memory too small"), std::string::npos) << message;
+      EXPECT_NE(message.find(std::to_string(smallest.shared_bytes) + " bytes per block"), std::string::npos)
+          << message;
+      EXPECT_EQ(tiles(48, smallest.shared_bytes, &t).code, flash::StatusCode::kHeadDimNotSupported);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, StageTiles,
+                         ::testing::ValuesIn(stages_where([](const registry::Stage& s) {
+                           return s.forward_tiles != nullptr;
+                         })),
+                         stage_label);
+
+// ---------------------------------------------------------------------------------------------
 // Stage 13 (decoding): its own limits, its workspace, its split plan and its paged entry point
 // ---------------------------------------------------------------------------------------------
 
@@ -227,11 +333,12 @@ TEST(stage13_decoding, RegistryEntry) {
   EXPECT_EQ(registry::find(11), nullptr);
   EXPECT_EQ(registry::find(12), nullptr);
   EXPECT_EQ(registry::stage_numbers(), "1 to 10, 13");
-  harness::Problem p{1, 32, 8, 16, 4096, 128, true, 0.0f, flash::DType::kBf16};
+  const float usual_scale = std::numeric_limits<float>::quiet_NaN();  // 1 / sqrt(head_dim)
+  harness::Problem p{1, 32, 8, 16, 4096, 128, true, usual_scale, flash::DType::kBf16};
   EXPECT_TRUE(s->supports(p));
   p.seq_q = 17;
   EXPECT_FALSE(s->supports(p));
-  EXPECT_EQ(registry::previous(*s, {1, 32, 8, 1, 4096, 128, false, 0.0f, flash::DType::kBf16})->number, 10);
+  EXPECT_EQ(registry::previous(*s, {1, 32, 8, 1, 4096, 128, false, usual_scale, flash::DType::kBf16})->number, 10);
 }
 
 // Well-formed contiguous call of the decoding shape stage 13 is measured on; each test breaks one thing.

@@ -37,10 +37,11 @@ WORKSPACE_TOO_SMALL = 8
 CUDA_ERROR = 9
 DTYPE_NOT_SUPPORTED = 10
 ARCH_NOT_SUPPORTED = 11
+SHARED_MEMORY_TOO_SMALL = 12
 INTERNAL_ERROR = -1
 
 # Codes that are not the caller's argument's fault: they raise RuntimeError, the rest ValueError.
-_RUNTIME_CODES = (CUDA_ERROR, INTERNAL_ERROR, WORKSPACE_TOO_SMALL, ARCH_NOT_SUPPORTED)
+_RUNTIME_CODES = (CUDA_ERROR, INTERNAL_ERROR, WORKSPACE_TOO_SMALL, ARCH_NOT_SUPPORTED, SHARED_MEMORY_TOO_SMALL)
 
 # flash_stages_forward's dtype argument (flash::DType), by torch's name of the type.
 DTYPE_CODES = {"float32": 0, "float16": 1, "bfloat16": 2}

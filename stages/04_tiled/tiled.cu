@@ -14,26 +14,27 @@
 //   3. O = O * rescale + P V, each thread owning one output column of some rows, in registers.
 // Step 2 leaves most threads idle and every step waits on a __syncthreads(); stage 05 removes both.
 //
-// Shared memory budget (floats, head_dim d, Br = Bc = 32): Q tile Br*(d+1), K tile Bc*(d+1),
-// V tile Bc*d, scores Br*(Bc+1), plus 2*Br for row factors. For d = 128 that is 13,472 floats,
-// 52.6 KiB: over the 48 KiB a block gets by default, so the launcher raises the limit; an H100 SM has
-// 228 KiB, room for four such blocks.
+// Shared memory budget (floats, head_dim d, Br = 32 rows, Bc keys per tile): Q tile Br*(d+1), K tile
+// Bc*(d+1), V tile Bc*d, scores Br*(Bc+1), plus 2*Br for row factors. With Bc = 32 at d = 128 that is
+// 13,472 floats, 52.6 KiB: over the 48 KiB a block gets by default, so the launcher raises the limit
+// (an H100 SM has 228 KiB, room for four such blocks). A GPU that allows less per block gets Bc = 16,
+// 34.6 KiB, which fits everywhere.
 #include "tiled.h"
 
 namespace stage04 {
 namespace {
 
 constexpr int kBlockRows = 32;  // Br: query rows per block
-constexpr int kBlockCols = 32;  // Bc: keys per K/V tile
+// Bc, keys per K/V tile, is a template parameter: 32, or 16 where the GPU's shared memory per block
+// is too small for 32 (choose_tiles).
+constexpr int kPreferredBlockCols = 32;
 constexpr int kThreads = 128;
 // One float of padding per row of the Q, K and S tiles. Threads of a warp read different rows at
 // the same column; with rows a multiple of 32 words long those reads would all hit one of the 32
 // banks and be served one after another.
 constexpr int kPad = 1;
-// The default dynamic shared memory a block may use without opting in.
-constexpr size_t kDefaultSharedLimit = 48 * 1024;
 
-template <int kHeadDim>
+template <int kHeadDim, int kBlockCols>
 struct SharedTiles {
   float q[kBlockRows][kHeadDim + kPad];
   float k[kBlockCols][kHeadDim + kPad];
@@ -60,12 +61,12 @@ __device__ void load_tile(float (*tile)[kStride], const float* src, int first, i
   }
 }
 
-template <int kHeadDim>
+template <int kHeadDim, int kBlockCols>
 __global__ void __launch_bounds__(kThreads)
     tiled_attention_kernel(const float* q, const float* k, const float* v, float* o, float* lse, int heads_q,
                            int heads_kv, int seq_q, int seq_kv, float scale, int num_q_tiles) {
   extern __shared__ float4 shared_raw[];  // float4: 16-byte alignment for the tiles
-  SharedTiles<kHeadDim>& tile = *reinterpret_cast<SharedTiles<kHeadDim>*>(shared_raw);
+  SharedTiles<kHeadDim, kBlockCols>& tile = *reinterpret_cast<SharedTiles<kHeadDim, kBlockCols>*>(shared_raw);
 
   // Block -> (batch*head, query tile), flattened on grid x so no grid dimension limit applies.
   const long long bh = blockIdx.x / num_q_tiles;
@@ -81,6 +82,7 @@ __global__ void __launch_bounds__(kThreads)
   // kScoreThreadsPerRow-th key of the tile.
   constexpr int kScoreThreadsPerRow = kThreads / kBlockRows;
   constexpr int kScoresPerThread = kBlockCols / kScoreThreadsPerRow;
+  static_assert(kScoresPerThread * kScoreThreadsPerRow == kBlockCols, "the threads of a row share the keys evenly");
   const int score_row = threadIdx.x / kScoreThreadsPerRow;
   const int score_col = threadIdx.x % kScoreThreadsPerRow;
 
@@ -150,16 +152,34 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int kHeadDim>
-flash::Status launch(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
-                     int heads_kv, int seq_q, int seq_kv, float scale, cudaStream_t stream) {
-  const auto kernel = tiled_attention_kernel<kHeadDim>;
-  constexpr size_t kSharedBytes = sizeof(SharedTiles<kHeadDim>);
-  if (kSharedBytes > kDefaultSharedLimit) {
-    const flash::Status status = flash::cuda_status(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
-    if (!status.ok()) return status;
+// The largest tiles, from kBlockCols down, that fit in `limit` bytes of shared memory per block.
+// Bc is halved while the tiles do not fit and take more than the 48 KiB every GPU allows.
+template <int kHeadDim, int kBlockCols = kPreferredBlockCols>
+flash::Status choose_tiles(size_t limit, flash::TileShape* tiles) {
+  constexpr size_t kSharedBytes = sizeof(SharedTiles<kHeadDim, kBlockCols>);
+  if (kSharedBytes <= limit) {
+    *tiles = {kBlockRows, kBlockCols, kSharedBytes};
+    return flash::Status{};
   }
+  if constexpr (kSharedBytes > flash::kDefaultSharedMemory)
+    return choose_tiles<kHeadDim, kBlockCols / 2>(limit, tiles);
+  return flash::shared_memory_status(limit, kSharedBytes);
+}
+
+// Launches the kernel compiled for tiles.block_cols (as choose_tiles chose it).
+template <int kHeadDim, int kBlockCols = kPreferredBlockCols>
+flash::Status launch(const flash::TileShape& tiles, const float* q, const float* k, const float* v, float* o,
+                     float* lse, int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, float scale,
+                     cudaStream_t stream) {
+  constexpr size_t kSharedBytes = sizeof(SharedTiles<kHeadDim, kBlockCols>);
+  if constexpr (kSharedBytes > flash::kDefaultSharedMemory) {
+    if (tiles.block_cols < kBlockCols)
+      return launch<kHeadDim, kBlockCols / 2>(tiles, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                              scale, stream);
+  }
+  const auto kernel = tiled_attention_kernel<kHeadDim, kBlockCols>;
+  const flash::Status status = flash::allow_shared_memory(kernel, kSharedBytes);
+  if (!status.ok()) return status;
   const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;
   const long long blocks = static_cast<long long>(batch) * heads_q * num_q_tiles;
   kernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(q, k, v, o, lse, heads_q, heads_kv, seq_q,
@@ -171,6 +191,16 @@ flash::Status launch(const float* q, const float* k, const float* v, float* o, f
 
 size_t forward_workspace_size(int, int, int, int, int, int) { return 0; }
 
+flash::Status forward_tiles(int head_dim, size_t shared_limit, flash::TileShape* tiles) {
+  if (!flash::supported_head_dim(head_dim))
+    return flash::make_status(flash::StatusCode::kHeadDimNotSupported, "head_dim", head_dim);
+  switch (head_dim) {
+    case 32: return choose_tiles<32>(shared_limit, tiles);
+    case 64: return choose_tiles<64>(shared_limit, tiles);
+    default: return choose_tiles<128>(shared_limit, tiles);
+  }
+}
+
 flash::Status forward(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
                       int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, void* workspace,
                       size_t workspace_bytes, cudaStream_t stream) {
@@ -180,11 +210,16 @@ flash::Status forward(const float* q, const float* k, const float* v, float* o, 
   if (causal) return flash::make_status(flash::StatusCode::kNotSupported, "causal", 1);
   status = flash::check_workspace(workspace, workspace_bytes, 0);
   if (!status.ok()) return status;
+  size_t shared_limit = 0;
+  flash::TileShape tiles;
+  status = flash::shared_memory_limit(&shared_limit);
+  if (status.ok()) status = forward_tiles(head_dim, shared_limit, &tiles);
+  if (!status.ok()) return status;
 
   switch (head_dim) {
-    case 32: return launch<32>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
-    case 64: return launch<64>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
-    default: return launch<128>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
+    case 32: return launch<32>(tiles, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
+    case 64: return launch<64>(tiles, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
+    default: return launch<128>(tiles, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
   }
 }
 

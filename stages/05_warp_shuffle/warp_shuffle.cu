@@ -7,7 +7,10 @@
 // - Each warp owns kWarpRows query rows for the whole kernel. A thread holds a 4 x kKeysPerThread
 //   block of scores and a 4 x (head_dim / 8) block of the output in registers, as a
 //   register-blocked SGEMM does: every float4 it reads from shared memory feeds four or more
-//   multiply-adds, so the loops run at the rate of the FMA units rather than of shared memory.
+//   multiply-adds, where stage 04 loaded two scalars for each. That does not make the FMA units the
+//   limit: what binds instead (the shared-memory pipe's passes, scheduler cycles with no warp ready
+//   to issue, the instructions that are not FFMAs) is measured with Nsight Compute in the lesson,
+//   under "What binds now".
 // - The eight lanes that share a row (a quarter warp) each hold part of that row's scores. The
 //   row max and row sum are finished with three __shfl_xor_sync steps (a butterfly over lane bits
 //   0..2): registers to registers, no shared memory and no barrier.
@@ -18,6 +21,8 @@
 // Shared memory (floats, d = head_dim, Br = 64 rows, Bc keys per tile, rows padded by 4 floats):
 // Q Br*(d+4) + K Bc*(d+4) + V Bc*d + P 4 warps*Bc*16. d = 64, Bc = 64: 66 KiB, three blocks per SM;
 // d = 128 with Bc = 64 would need 114 KiB (one block), so d = 128 uses Bc = 32: 74 KiB, three.
+// Where the GPU allows a block less (a T4: 64 KiB), Bc is halved until the tiles fit: at d = 64,
+// Bc = 32 takes 41.5 KiB; at d = 128, Bc = 16 takes 53.3 KiB and Bc = 8 43.1 KiB.
 #include "warp_shuffle.h"
 
 namespace stage05 {
@@ -37,17 +42,17 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 // Padding of 4 floats per row keeps rows 16-byte aligned for float4 and starts each row 4 banks
 // after the previous one, so the quarter warps reading neighbouring rows do not collide.
 constexpr int kPad = 4;
-constexpr size_t kDefaultSharedLimit = 48 * 1024;
 
-// Keys per K/V tile (Bc): 64 where three blocks still fit an SM's 228 KiB, 32 at head_dim 128.
+// Keys per K/V tile (Bc): 64 where three blocks still fit an SM's 228 KiB, 32 at head_dim 128. A GPU
+// that allows a block less shared memory gets a smaller Bc (choose_tiles).
 template <int kHeadDim>
 constexpr int block_cols() {
   return kHeadDim <= 64 ? 64 : 32;
 }
 
-template <int kHeadDim>
+template <int kHeadDim, int kBlockCols>
 struct SharedTiles {
-  static constexpr int kBlockCols = block_cols<kHeadDim>();
+  static_assert(kBlockCols % kColLanes == 0, "the kColLanes lanes of a row take the same number of keys");
   float q[kBlockRows][kHeadDim + kPad];
   float k[kBlockCols][kHeadDim + kPad];
   float v[kBlockCols][kHeadDim];
@@ -88,12 +93,11 @@ __device__ float sum_over_row_lanes(float x) {
   return x;
 }
 
-template <int kHeadDim>
+template <int kHeadDim, int kBlockCols>
 __global__ void __launch_bounds__(kThreads)
     warp_shuffle_attention_kernel(const float* q, const float* k, const float* v, float* o, float* lse, int heads_q,
                                   int heads_kv, int seq_q, int seq_kv, float scale, int num_q_tiles) {
-  using Tiles = SharedTiles<kHeadDim>;
-  constexpr int kBlockCols = Tiles::kBlockCols;
+  using Tiles = SharedTiles<kHeadDim, kBlockCols>;
   constexpr int kKeysPerThread = kBlockCols / kColLanes;  // keys col_lane + kColLanes * j
   constexpr int kOutVecs = kHeadDim / (4 * kColLanes);    // output float4s per row: cols col_lane*4 + 32*m
   extern __shared__ float4 shared_raw[];
@@ -205,16 +209,34 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int kHeadDim>
-flash::Status launch(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
-                     int heads_kv, int seq_q, int seq_kv, float scale, cudaStream_t stream) {
-  const auto kernel = warp_shuffle_attention_kernel<kHeadDim>;
-  constexpr size_t kSharedBytes = sizeof(SharedTiles<kHeadDim>);
-  if (kSharedBytes > kDefaultSharedLimit) {
-    const flash::Status status = flash::cuda_status(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
-    if (!status.ok()) return status;
+// The largest tiles, from kBlockCols down, that fit in `limit` bytes of shared memory per block.
+// Bc is halved while the tiles do not fit and take more than the 48 KiB every GPU allows.
+template <int kHeadDim, int kBlockCols = block_cols<kHeadDim>()>
+flash::Status choose_tiles(size_t limit, flash::TileShape* tiles) {
+  constexpr size_t kSharedBytes = sizeof(SharedTiles<kHeadDim, kBlockCols>);
+  if (kSharedBytes <= limit) {
+    *tiles = {kBlockRows, kBlockCols, kSharedBytes};
+    return flash::Status{};
   }
+  if constexpr (kSharedBytes > flash::kDefaultSharedMemory)
+    return choose_tiles<kHeadDim, kBlockCols / 2>(limit, tiles);
+  return flash::shared_memory_status(limit, kSharedBytes);
+}
+
+// Launches the kernel compiled for tiles.block_cols (as choose_tiles chose it).
+template <int kHeadDim, int kBlockCols = block_cols<kHeadDim>()>
+flash::Status launch(const flash::TileShape& tiles, const float* q, const float* k, const float* v, float* o,
+                     float* lse, int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, float scale,
+                     cudaStream_t stream) {
+  constexpr size_t kSharedBytes = sizeof(SharedTiles<kHeadDim, kBlockCols>);
+  if constexpr (kSharedBytes > flash::kDefaultSharedMemory) {
+    if (tiles.block_cols < kBlockCols)
+      return launch<kHeadDim, kBlockCols / 2>(tiles, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                              scale, stream);
+  }
+  const auto kernel = warp_shuffle_attention_kernel<kHeadDim, kBlockCols>;
+  const flash::Status status = flash::allow_shared_memory(kernel, kSharedBytes);
+  if (!status.ok()) return status;
   const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;
   const long long blocks = static_cast<long long>(batch) * heads_q * num_q_tiles;
   kernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, stream>>>(q, k, v, o, lse, heads_q, heads_kv, seq_q,
@@ -226,6 +248,16 @@ flash::Status launch(const float* q, const float* k, const float* v, float* o, f
 
 size_t forward_workspace_size(int, int, int, int, int, int) { return 0; }
 
+flash::Status forward_tiles(int head_dim, size_t shared_limit, flash::TileShape* tiles) {
+  if (!flash::supported_head_dim(head_dim))
+    return flash::make_status(flash::StatusCode::kHeadDimNotSupported, "head_dim", head_dim);
+  switch (head_dim) {
+    case 32: return choose_tiles<32>(shared_limit, tiles);
+    case 64: return choose_tiles<64>(shared_limit, tiles);
+    default: return choose_tiles<128>(shared_limit, tiles);
+  }
+}
+
 flash::Status forward(const float* q, const float* k, const float* v, float* o, float* lse, int batch, int heads_q,
                       int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, void* workspace,
                       size_t workspace_bytes, cudaStream_t stream) {
@@ -235,11 +267,16 @@ flash::Status forward(const float* q, const float* k, const float* v, float* o, 
   if (causal) return flash::make_status(flash::StatusCode::kNotSupported, "causal", 1);
   status = flash::check_workspace(workspace, workspace_bytes, 0);
   if (!status.ok()) return status;
+  size_t shared_limit = 0;
+  flash::TileShape tiles;
+  status = flash::shared_memory_limit(&shared_limit);
+  if (status.ok()) status = forward_tiles(head_dim, shared_limit, &tiles);
+  if (!status.ok()) return status;
 
   switch (head_dim) {
-    case 32: return launch<32>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
-    case 64: return launch<64>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
-    default: return launch<128>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
+    case 32: return launch<32>(tiles, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
+    case 64: return launch<64>(tiles, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
+    default: return launch<128>(tiles, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, stream);
   }
 }
 

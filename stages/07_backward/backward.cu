@@ -24,23 +24,41 @@
 // saves the two products and loses that determinism.
 //
 // Each product is a small matrix multiply over shared-memory tiles, with the 256 threads of a block
-// as a 16 x 16 grid, each owning a 4 x (N/16) block of the result in registers, as in stage 05.
+// as a 16 x 16 grid, each owning a (T/16) x (N/16) block of the result in registers, as in stage 05.
+//
+// Shared memory (floats, d = head_dim, T = query rows = keys per tile, rows padded by 4 floats):
+// Q, dO, K, V 4*T*(d+4) + P, dS 2*T*(T+4) + lse, D 2*T. T = 64: 102.5 KiB at d = 64, 166.5 KiB at
+// d = 128, which an H100 (227 KiB per block) holds. Where the GPU allows less, T is halved until the
+// tiles fit: T = 32 takes 43.3 KiB at d = 64 and 75.3 KiB at d = 128, T = 16 35.6 KiB at d = 128.
 #include "backward.h"
 
 namespace stage07 {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kGrid = 16;       // threads as a kGrid x kGrid grid over every output tile
-constexpr int kBlockRows = 64;  // Br: query rows per tile
-constexpr int kBlockCols = 64;  // Bc: keys per tile
-constexpr int kRowsPerThread = kBlockRows / kGrid;
-static_assert(kBlockRows == kBlockCols, "every tile product has 64 rows, so 4 per thread");
+constexpr int kGrid = 16;  // threads as a kGrid x kGrid grid over every output tile
+// T, query rows and keys per tile (Br = Bc, so every tile product has T rows and each thread T / kGrid
+// of them), is a template parameter: 64, or 32 or 16 where the GPU's shared memory per block is too
+// small for 64 (choose_tiles).
+constexpr int kPreferredTile = 64;
 // Rows padded by 4 floats: float4-aligned, and neighbouring rows start 4 banks apart.
 constexpr int kPad = 4;
-constexpr size_t kDefaultSharedLimit = 48 * 1024;
 
 __device__ float4 load4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+// R adjacent floats (R = 1, 2 or 4) in one load.
+template <int R>
+__device__ void load_vec(const float* p, float (&out)[R]) {
+  if constexpr (R == 4) {
+    const float4 x = load4(p);
+    out[0] = x.x, out[1] = x.y, out[2] = x.z, out[3] = x.w;
+  } else if constexpr (R == 2) {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    out[0] = x.x, out[1] = x.y;
+  } else {
+    static_assert(R == 1, "one, two or four floats");
+    out[0] = *p;
+  }
+}
 // acc + a . b as four chained FMAs. Written as acc + a.x * b.x + ... the compiler may not reorder
 // the sum and emits a multiply, three FMAs and an add (stage 05's exercise 2).
 __device__ float fma_dot4(float acc, float4 a, float4 b) {
@@ -75,34 +93,35 @@ __device__ int grid_col() { return threadIdx.x % kGrid; }
 
 // acc[i][j] += sum_k A[m][k] B[n][k]   (A B^T)   with m = grid_row + kGrid i, n = grid_col + kGrid j.
 // S = Q K^T and dP = dO V^T: both operands read along k, one float4 per row per 4 steps.
-template <int K, int TN, int LDA, int LDB>
-__device__ void gemm_abt(float (&acc)[kRowsPerThread][TN], const float (*a)[LDA], const float (*b)[LDB]) {
+template <int K, int R, int TN, int LDA, int LDB>
+__device__ void gemm_abt(float (&acc)[R][TN], const float (*a)[LDA], const float (*b)[LDB]) {
 #pragma unroll 4
   for (int k = 0; k < K; k += 4) {
-    float4 a4[kRowsPerThread], b4[TN];
+    float4 a4[R], b4[TN];
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) a4[i] = load4(&a[grid_row() + kGrid * i][k]);
+    for (int i = 0; i < R; ++i) a4[i] = load4(&a[grid_row() + kGrid * i][k]);
 #pragma unroll
     for (int j = 0; j < TN; ++j) b4[j] = load4(&b[grid_col() + kGrid * j][k]);
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int j = 0; j < TN; ++j) acc[i][j] = fma_dot4(acc[i][j], a4[i], b4[j]);
   }
 }
 
-// acc[i][j] += sum_k A[k][m] B[k][n]   (A^T B)   with m = 4 grid_row + i, n = Cols<N>::at(grid_col, j).
-// dV += P^T dO and dK += dS^T Q: per k, one float4 of A and the thread's columns of B.
-template <int K, int N, int LDA, int LDB>
-__device__ void gemm_atb(float (&acc)[kRowsPerThread][N / kGrid], const float (*a)[LDA], const float (*b)[LDB]) {
+// acc[i][j] += sum_k A[k][m] B[k][n]   (A^T B)   with m = R grid_row + i, n = Cols<N>::at(grid_col, j).
+// dV += P^T dO and dK += dS^T Q: per k, R adjacent floats of A (a float4 at T = 64) and the thread's
+// columns of B.
+template <int K, int N, int R, int LDA, int LDB>
+__device__ void gemm_atb(float (&acc)[R][N / kGrid], const float (*a)[LDA], const float (*b)[LDB]) {
 #pragma unroll 4
   for (int k = 0; k < K; ++k) {
-    const float4 a4 = load4(&a[k][grid_row() * kRowsPerThread]);
-    const float a_col[kRowsPerThread] = {a4.x, a4.y, a4.z, a4.w};
+    float a_col[R];
+    load_vec(&a[k][grid_row() * R], a_col);
     float b_row[N / kGrid];
     Cols<N>::load(b[k], grid_col(), b_row);
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i)
+    for (int i = 0; i < R; ++i)
 #pragma unroll
       for (int j = 0; j < N / kGrid; ++j) acc[i][j] += a_col[i] * b_row[j];
   }
@@ -110,13 +129,13 @@ __device__ void gemm_atb(float (&acc)[kRowsPerThread][N / kGrid], const float (*
 
 // acc[i][j] += sum_k A[m][k] B[k][n]   (A B)   with m = grid_row + kGrid i, n = Cols<N>::at(grid_col, j).
 // dQ += dS K.
-template <int K, int N, int LDA, int LDB>
-__device__ void gemm_ab(float (&acc)[kRowsPerThread][N / kGrid], const float (*a)[LDA], const float (*b)[LDB]) {
+template <int K, int N, int R, int LDA, int LDB>
+__device__ void gemm_ab(float (&acc)[R][N / kGrid], const float (*a)[LDA], const float (*b)[LDB]) {
 #pragma unroll 2
   for (int k = 0; k < K; k += 4) {
-    float a_rows[kRowsPerThread][4];
+    float a_rows[R][4];
 #pragma unroll
-    for (int i = 0; i < kRowsPerThread; ++i) {
+    for (int i = 0; i < R; ++i) {
       const float4 x = load4(&a[grid_row() + kGrid * i][k]);
       a_rows[i][0] = x.x, a_rows[i][1] = x.y, a_rows[i][2] = x.z, a_rows[i][3] = x.w;
     }
@@ -125,7 +144,7 @@ __device__ void gemm_ab(float (&acc)[kRowsPerThread][N / kGrid], const float (*a
       float b_row[N / kGrid];
       Cols<N>::load(b[k + kk], grid_col(), b_row);
 #pragma unroll
-      for (int i = 0; i < kRowsPerThread; ++i)
+      for (int i = 0; i < R; ++i)
 #pragma unroll
         for (int j = 0; j < N / kGrid; ++j) acc[i][j] += a_rows[i][kk] * b_row[j];
     }
@@ -135,8 +154,12 @@ __device__ void gemm_ab(float (&acc)[kRowsPerThread][N / kGrid], const float (*a
 // Shared memory of kernels 2 and 3: one query tile (Q, dO, lse, D), one key tile (K, V), and the
 // recomputed P and dS of the pair. Kernel 3 needs no P and leaves it unused; one layout for both
 // keeps the recomputation a single function.
-template <int kHeadDim>
+template <int kHeadDim, int kTile>
 struct Tiles {
+  static_assert(kTile % kGrid == 0 && kTile / kGrid <= 4, "1, 2 or 4 rows of each tile product per thread");
+  static constexpr int kBlockRows = kTile;  // Br
+  static constexpr int kBlockCols = kTile;  // Bc
+  static constexpr int kRowsPerThread = kTile / kGrid;
   float q[kBlockRows][kHeadDim + kPad];
   float d_o[kBlockRows][kHeadDim + kPad];
   float k[kBlockCols][kHeadDim + kPad];
@@ -163,9 +186,10 @@ __device__ void load_tile(float (*tile)[kStride], const float* src, int first, i
 
 // lse and D of a query tile. Rows past seq_q get lse = +inf, so their recomputed P is exp(-inf) = 0
 // and they contribute nothing.
-template <int kHeadDim>
-__device__ void load_query_tile(Tiles<kHeadDim>& t, const float* q, const float* d_o, const float* lse,
+template <int kHeadDim, int kTile>
+__device__ void load_query_tile(Tiles<kHeadDim, kTile>& t, const float* q, const float* d_o, const float* lse,
                                 const float* d, long long bh, int first_row, int seq_q) {
+  constexpr int kBlockRows = kTile;
   load_tile<kBlockRows, kHeadDim>(t.q, q + bh * seq_q * kHeadDim, first_row, seq_q);
   load_tile<kBlockRows, kHeadDim>(t.d_o, d_o + bh * seq_q * kHeadDim, first_row, seq_q);
   for (int r = threadIdx.x; r < kBlockRows; r += kThreads) {
@@ -179,10 +203,11 @@ __device__ void load_query_tile(Tiles<kHeadDim>& t, const float* q, const float*
 // P = exp(scale * Q K^T - lse) and dS = P o (dO V^T - D), masked, written to t.p (if kNeedP) and
 // t.ds. Hidden keys (past seq_kv, or above the diagonal when causal) get P = 0 before the exp could
 // see them, which also covers rows that see no key at all (lse = -inf).
-template <int kHeadDim, bool kNeedP>
-__device__ void recompute_p_and_ds(Tiles<kHeadDim>& t, float scale, int first_row, int first_key, int seq_kv,
+template <int kHeadDim, bool kNeedP, int kTile>
+__device__ void recompute_p_and_ds(Tiles<kHeadDim, kTile>& t, float scale, int first_row, int first_key, int seq_kv,
                                    bool causal, int diagonal) {
-  constexpr int kKeysPerThread = kBlockCols / kGrid;
+  constexpr int kRowsPerThread = kTile / kGrid;
+  constexpr int kKeysPerThread = kTile / kGrid;
   float s[kRowsPerThread][kKeysPerThread] = {};
   float dp[kRowsPerThread][kKeysPerThread] = {};
   gemm_abt<kHeadDim>(s, t.q, t.k);
@@ -215,13 +240,16 @@ __global__ void row_dot_kernel(const float* d_o, const float* o, float* d, long 
 }
 
 // 2. dK and dV of one key tile of one K/V head.
-template <int kHeadDim>
+template <int kHeadDim, int kTile>
 __global__ void __launch_bounds__(kThreads)
     dk_dv_kernel(const float* q, const float* k, const float* v, const float* lse, const float* d_o, const float* d,
                  float* dk, float* dv, int heads_q, int heads_kv, int seq_q, int seq_kv, float scale, bool causal,
                  int num_k_tiles) {
+  using Shared = Tiles<kHeadDim, kTile>;
+  constexpr int kBlockRows = Shared::kBlockRows, kBlockCols = Shared::kBlockCols;
+  constexpr int kRowsPerThread = Shared::kRowsPerThread;
   extern __shared__ float4 shared_raw[];
-  Tiles<kHeadDim>& t = *reinterpret_cast<Tiles<kHeadDim>*>(shared_raw);
+  Shared& t = *reinterpret_cast<Shared*>(shared_raw);
   const long long kv_head = blockIdx.x / num_k_tiles;  // b * heads_kv + h_kv
   const int first_key = static_cast<int>(blockIdx.x % num_k_tiles) * kBlockCols;
   const int group = heads_q / heads_kv;
@@ -261,12 +289,15 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // 3. dQ of one query tile.
-template <int kHeadDim>
+template <int kHeadDim, int kTile>
 __global__ void __launch_bounds__(kThreads)
     dq_kernel(const float* q, const float* k, const float* v, const float* lse, const float* d_o, const float* d,
               float* dq, int heads_q, int heads_kv, int seq_q, int seq_kv, float scale, bool causal, int num_q_tiles) {
+  using Shared = Tiles<kHeadDim, kTile>;
+  constexpr int kBlockRows = Shared::kBlockRows, kBlockCols = Shared::kBlockCols;
+  constexpr int kRowsPerThread = Shared::kRowsPerThread;
   extern __shared__ float4 shared_raw[];
-  Tiles<kHeadDim>& t = *reinterpret_cast<Tiles<kHeadDim>*>(shared_raw);
+  Shared& t = *reinterpret_cast<Shared*>(shared_raw);
   const long long bh = blockIdx.x / num_q_tiles;
   const int q_tile = static_cast<int>(blockIdx.x % num_q_tiles);
   const int first_row = (causal ? num_q_tiles - 1 - q_tile : q_tile) * kBlockRows;  // longest first
@@ -298,31 +329,44 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <typename Kernel>
-flash::Status allow_shared(Kernel kernel, size_t bytes) {
-  if (bytes <= kDefaultSharedLimit) return flash::Status{};
-  return flash::cuda_status(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+// The largest tiles, from kTile down, that fit in `limit` bytes of shared memory per block. T is
+// halved while the tiles do not fit and take more than the 48 KiB every GPU allows.
+template <int kHeadDim, int kTile = kPreferredTile>
+flash::Status choose_tiles(size_t limit, flash::TileShape* tiles) {
+  constexpr size_t kSharedBytes = sizeof(Tiles<kHeadDim, kTile>);
+  if (kSharedBytes <= limit) {
+    *tiles = {kTile, kTile, kSharedBytes};
+    return flash::Status{};
+  }
+  if constexpr (kSharedBytes > flash::kDefaultSharedMemory)
+    return choose_tiles<kHeadDim, kTile / 2>(limit, tiles);
+  return flash::shared_memory_status(limit, kSharedBytes);
 }
 
-template <int kHeadDim>
-flash::Status launch(const float* q, const float* k, const float* v, const float* lse, const float* d_o,
-                     const float* d, float* dq, float* dk, float* dv, int batch, int heads_q, int heads_kv, int seq_q,
-                     int seq_kv, float scale, bool causal, cudaStream_t stream) {
-  constexpr size_t kSharedBytes = sizeof(Tiles<kHeadDim>);
-  flash::Status status = allow_shared(dk_dv_kernel<kHeadDim>, kSharedBytes);
-  if (status.ok()) status = allow_shared(dq_kernel<kHeadDim>, kSharedBytes);
+// Launches kernels 2 and 3 compiled for tiles.block_rows (as choose_tiles chose it).
+template <int kHeadDim, int kTile = kPreferredTile>
+flash::Status launch(const flash::TileShape& tiles, const float* q, const float* k, const float* v, const float* lse,
+                     const float* d_o, const float* d, float* dq, float* dk, float* dv, int batch, int heads_q,
+                     int heads_kv, int seq_q, int seq_kv, float scale, bool causal, cudaStream_t stream) {
+  constexpr size_t kSharedBytes = sizeof(Tiles<kHeadDim, kTile>);
+  if constexpr (kSharedBytes > flash::kDefaultSharedMemory) {
+    if (tiles.block_rows < kTile)
+      return launch<kHeadDim, kTile / 2>(tiles, q, k, v, lse, d_o, d, dq, dk, dv, batch, heads_q, heads_kv, seq_q,
+                                         seq_kv, scale, causal, stream);
+  }
+  flash::Status status = flash::allow_shared_memory(dk_dv_kernel<kHeadDim, kTile>, kSharedBytes);
+  if (status.ok()) status = flash::allow_shared_memory(dq_kernel<kHeadDim, kTile>, kSharedBytes);
   if (!status.ok()) return status;
 
-  const int num_k_tiles = (seq_kv + kBlockCols - 1) / kBlockCols;
+  const int num_k_tiles = (seq_kv + kTile - 1) / kTile;
   const long long dk_dv_blocks = static_cast<long long>(batch) * heads_kv * num_k_tiles;
-  dk_dv_kernel<kHeadDim><<<static_cast<unsigned>(dk_dv_blocks), kThreads, kSharedBytes, stream>>>(
+  dk_dv_kernel<kHeadDim, kTile><<<static_cast<unsigned>(dk_dv_blocks), kThreads, kSharedBytes, stream>>>(
       q, k, v, lse, d_o, d, dk, dv, heads_q, heads_kv, seq_q, seq_kv, scale, causal, num_k_tiles);
   if (!(status = flash::last_launch_status()).ok()) return status;
 
-  const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;
+  const int num_q_tiles = (seq_q + kTile - 1) / kTile;
   const long long dq_blocks = static_cast<long long>(batch) * heads_q * num_q_tiles;
-  dq_kernel<kHeadDim><<<static_cast<unsigned>(dq_blocks), kThreads, kSharedBytes, stream>>>(
+  dq_kernel<kHeadDim, kTile><<<static_cast<unsigned>(dq_blocks), kThreads, kSharedBytes, stream>>>(
       q, k, v, lse, d_o, d, dq, heads_q, heads_kv, seq_q, seq_kv, scale, causal, num_q_tiles);
   return flash::last_launch_status();
 }
@@ -332,6 +376,16 @@ flash::Status launch(const float* q, const float* k, const float* v, const float
 size_t backward_workspace_size(int batch, int heads_q, int /*heads_kv*/, int seq_q, int /*seq_kv*/, int /*head_dim*/) {
   if (batch < 1 || heads_q < 1 || seq_q < 1) return 0;
   return static_cast<size_t>(batch) * heads_q * seq_q * sizeof(float);
+}
+
+flash::Status backward_tiles(int head_dim, size_t shared_limit, flash::TileShape* tiles) {
+  if (!flash::supported_head_dim(head_dim))
+    return flash::make_status(flash::StatusCode::kHeadDimNotSupported, "head_dim", head_dim);
+  switch (head_dim) {
+    case 32: return choose_tiles<32>(shared_limit, tiles);
+    case 64: return choose_tiles<64>(shared_limit, tiles);
+    default: return choose_tiles<128>(shared_limit, tiles);
+  }
 }
 
 flash::Status backward(const float* q, const float* k, const float* v, const float* o, const float* lse,
@@ -352,6 +406,11 @@ flash::Status backward(const float* q, const float* k, const float* v, const flo
   status = flash::check_workspace(workspace, workspace_bytes,
                                   backward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim));
   if (!status.ok()) return status;
+  size_t shared_limit = 0;
+  flash::TileShape tiles;
+  status = flash::shared_memory_limit(&shared_limit);
+  if (status.ok()) status = backward_tiles(head_dim, shared_limit, &tiles);
+  if (!status.ok()) return status;
 
   float* d = static_cast<float*>(workspace);
   const long long num_rows = static_cast<long long>(batch) * heads_q * seq_q;
@@ -362,12 +421,14 @@ flash::Status backward(const float* q, const float* k, const float* v, const flo
 
   switch (head_dim) {
     case 32:
-      return launch<32>(q, k, v, lse, d_o, d, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal, stream);
+      return launch<32>(tiles, q, k, v, lse, d_o, d, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
+                        stream);
     case 64:
-      return launch<64>(q, k, v, lse, d_o, d, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal, stream);
+      return launch<64>(tiles, q, k, v, lse, d_o, d, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
+                        stream);
     default:
-      return launch<128>(q, k, v, lse, d_o, d, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
-                         stream);
+      return launch<128>(tiles, q, k, v, lse, d_o, d, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
+                         causal, stream);
   }
 }
 

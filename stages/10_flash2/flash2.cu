@@ -10,11 +10,10 @@ namespace {
 constexpr int kMinComputeCapability = 80;  // mma.sync with bf16, ldmatrix, cp.async (sm_80)
 
 // One shape per head_dim (TileConfig<warps, rows per warp, keys per tile, Q in registers, blocks per
-// SM>), chosen from bench/stage10_variants.cu's runs on the H100 (lesson 10's table; its last run
-// found 128 keys per tile with Q from shared memory faster still at head_dim 64, not yet adopted).
+// SM, lazy rescale>), chosen from bench/stage10_variants.cu's runs on the H100 (lesson 10's table).
 using Config32 = TileConfig<4, 32, 64, true, 2>;
 using Config64 = TileConfig<4, 32, 64, true, 2>;
-using Config128 = TileConfig<4, 32, 64, false, 1>;
+using Config128 = TileConfig<4, 32, 64, false, 1, true>;
 
 template <typename Element>
 flash::Status launch_for_head_dim(const void* q, const void* k, const void* v, void* o, float* lse, int batch,

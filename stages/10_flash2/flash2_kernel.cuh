@@ -7,10 +7,17 @@
 //   accurate to the last bit for every input. Scoring in base 2 from the start,
 //   s2 = s * (scale * log2 e), turns exp(scale * s - max) into ex2.approx(s2 - max2): the multiply
 //   that scaled the score already did the log2 e. lse is brought back to base e once per row.
+// - The scale inside the exp2: the row max is taken over the raw scores and scaled once per row, and
+//   each probability is ex2.approx(fma(s, scale, -max2)), one FFMA instead of a multiply and a
+//   subtraction (a negative scale is moved into Q first, so the raw max stays the scaled max).
 // - A tile shape per head_dim: warps per block (rows of Q that share each K/V tile), keys per tile,
 //   whether Q stays in registers, and the blocks per SM the register budget is cut for.
 // - Causal: every head's longest query tile first across the whole grid, not only within a head.
 // - The mask as a pass of its own, taken only by the tiles that need one.
+// - Copy loops the compiler can unroll (a trip count known at compile time): stage 09's start at
+//   threadIdx.x and stay loops, with their index arithmetic and branch on every pass.
+// - At head_dim 128, a warp skips the rescale of its 128 output accumulators per lane on the tiles
+//   that raise none of its rows' maxima.
 // - K/V heads are indexed, never copied, for GQA (as in every stage), and the query heads of a group
 //   are neighbours in the grid, so they read the same K/V while it is in L2.
 #pragma once
@@ -21,7 +28,8 @@
 namespace stage10 {
 
 // The tile shape of one kernel instance.
-template <int kWarps_, int kWarpRows_, int kBlockCols_, bool kQInRegisters_, int kMinBlocksPerSm_>
+template <int kWarps_, int kWarpRows_, int kBlockCols_, bool kQInRegisters_, int kMinBlocksPerSm_,
+          bool kLazyRescale_ = false>
 struct TileConfig {
   static constexpr int kWarps = kWarps_;          // Br = kWarps * kWarpRows
   // Query rows per warp, 16 or 32: with 32, every K and V operand a warp loads from shared memory
@@ -33,6 +41,10 @@ struct TileConfig {
   // shared memory at every k-step, which frees those registers for more blocks per SM.
   static constexpr bool kQInRegisters = kQInRegisters_;
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;  // __launch_bounds__: caps registers per thread
+  // true: a warp skips rescaling its output accumulator on a tile that raised none of its rows'
+  // maxima (the factor would be exactly 1), at the price of a vote per tile. Which tiles raise a
+  // maximum depends on the data; the lesson measures it on random inputs.
+  static constexpr bool kLazyRescale = kLazyRescale_;
 };
 
 namespace kernel_detail {
@@ -54,6 +66,7 @@ constexpr int kStages = 2;     // K/V buffers: one being computed on, one in fli
 constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2 e)
 constexpr float kLn2 = 0.6931471805599453f;    // ln(2): turns a base-2 lse back into base e
+constexpr uint32_t kSignBits = 0x80008000u;     // the sign bits of two packed 16-bit floats
 
 template <typename Element, int kHeadDim, class Config>
 struct SharedTiles {
@@ -73,14 +86,20 @@ __device__ int swizzled(int row, int col) {
 }
 
 // Starts copying rows [first, first + kRows) of a [num_rows, kHeadDim] matrix into a shared tile,
-// zeros past num_rows; the caller commits and waits.
+// zeros past num_rows; the caller commits and waits. Each thread copies the same column chunk of
+// every kRowsPerPass-th row: a loop with a trip count known at compile time, which the compiler
+// unrolls into straight-line cp.async with constant offsets. (Stage 09's loop starts at threadIdx.x,
+// so its trip count is unknown and it stays a loop, with its index arithmetic on every pass.)
 template <int kRows, int kHeadDim, int kThreads, typename Element>
 __device__ void load_tile_async(Element (*tile)[kHeadDim], const Element* src, int first, int num_rows) {
   constexpr int kVecsPerRow = kHeadDim / kVecElems;
+  static_assert(kRows * kVecsPerRow % kThreads == 0 && kThreads % kVecsPerRow == 0, "whole passes of the block");
+  constexpr int kRowsPerPass = kThreads / kVecsPerRow;
+  const int row_in_pass = threadIdx.x / kVecsPerRow;
+  const int c = (threadIdx.x % kVecsPerRow) * kVecElems;
 #pragma unroll
-  for (int e = threadIdx.x; e < kRows * kVecsPerRow; e += kThreads) {
-    const int r = e / kVecsPerRow;
-    const int c = (e % kVecsPerRow) * kVecElems;
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int r = pass * kRowsPerPass + row_in_pass;
     const bool valid = first + r < num_rows;
     const Element* from = valid ? src + static_cast<long long>(first + r) * kHeadDim + c : src;
     cp_async_16(&tile[r][swizzled<kHeadDim>(r, c)], from, valid);
@@ -186,6 +205,13 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
       cp_async_wait<0>();
     }
     __syncthreads();
+    if (j == 0 && scale_log2 < 0.0f) {
+      // A negative scale goes into Q (negation is exact in any float format), so that the largest raw
+      // score is the largest scaled one and the scale can wait until the exp2 below.
+      uint32_t* q_pairs = reinterpret_cast<uint32_t*>(&tile.q[0][0]);
+      for (int i = threadIdx.x; i < kBlockRows * kHeadDim / 2; i += kThreads) q_pairs[i] ^= kSignBits;
+      __syncthreads();
+    }
     if (Config::kQInRegisters && j == 0) {
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
@@ -222,49 +248,65 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
 
     const bool needs_mask =
         first_key + kBlockCols > seq_kv || (kCausal && first_key + kBlockCols > first_row + diagonal + 1);
+    // The scale multiplies inside the exp2's argument, one FFMA per score: fma(s, scale, -max2).
+    // A tile that is masked scales first, so that the mask's -inf is compared with scaled scores.
+    const float positive_scale = fabsf(scale_log2);
+    const float score_scale = needs_mask ? 1.0f : positive_scale;
+    float new_max2[kHalves];
+    bool raised = false;  // did this tile raise the maximum of any of this lane's rows?
 #pragma unroll
     for (int hf = 0; hf < kHalves; ++hf) {
       const int mt = hf / 2, half = hf % 2;
       const int row = first_row + warp_row + mt * kMmaM + group + 8 * half;
       const int row_key_end = kCausal ? min(seq_kv, row + diagonal + 1) : seq_kv;
-#pragma unroll
-      for (int kb = 0; kb < kKeyBlocks; ++kb)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) s[mt][kb][2 * half + e] *= scale_log2;
       // Only the last tile and the tiles on the diagonal are masked; the branch is the same for the
-      // whole block, so every other tile pays one multiply per score and no comparison.
+      // whole block, so every other tile pays no multiply and no comparison here.
       if (needs_mask) {
 #pragma unroll
         for (int kb = 0; kb < kKeyBlocks; ++kb)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (first_key + kb * kMmaN + 2 * thread_in_group + e >= row_key_end) s[mt][kb][2 * half + e] = -INFINITY;
+          for (int e = 0; e < 2; ++e) {
+            float& score = s[mt][kb][2 * half + e];
+            score *= positive_scale;
+            if (first_key + kb * kMmaN + 2 * thread_in_group + e >= row_key_end) score = -INFINITY;
+          }
       }
       float tile_max = -INFINITY;
 #pragma unroll
       for (int kb = 0; kb < kKeyBlocks; ++kb)
 #pragma unroll
         for (int e = 0; e < 2; ++e) tile_max = fmaxf(tile_max, s[mt][kb][2 * half + e]);
-      const float new_max2 = fmaxf(row_max2[hf], max_over_row_lanes(tile_max));
+      new_max2[hf] = fmaxf(row_max2[hf], max_over_row_lanes(tile_max) * score_scale);
+      raised |= new_max2[hf] != row_max2[hf];
+    }
+    // The rescale is skipped only when it would multiply by exactly 1 (2^0), so the result is the same.
+    const bool rescale = !Config::kLazyRescale || __any_sync(kFullWarp, raised);
+#pragma unroll
+    for (int hf = 0; hf < kHalves; ++hf) {
+      const int mt = hf / 2, half = hf % 2;
       // -inf only while the row has seen no key; 0 then keeps its masked 2^(-inf) at 0.
-      const float offset2 = new_max2 == -INFINITY ? 0.0f : new_max2;
-      const float rescale_acc = exp2_approx(row_max2[hf] - offset2);
-      row_max2[hf] = new_max2;
+      const float offset2 = new_max2[hf] == -INFINITY ? 0.0f : new_max2[hf];
       float tile_sum = 0.0f;
 #pragma unroll
       for (int kb = 0; kb < kKeyBlocks; ++kb)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& score = s[mt][kb][2 * half + e];
-          score = exp2_approx(score - offset2);
+          score = exp2_approx(fmaf(score, score_scale, -offset2));
           tile_sum += score;
         }
-      row_sum[hf] = row_sum[hf] * rescale_acc + tile_sum;
+      if (rescale) {
+        const float rescale_acc = exp2_approx(row_max2[hf] - offset2);
+        row_sum[hf] = row_sum[hf] * rescale_acc + tile_sum;
 #pragma unroll
-      for (int db = 0; db < kDimBlocks; ++db) {
-        acc_o[mt][db][2 * half] *= rescale_acc;
-        acc_o[mt][db][2 * half + 1] *= rescale_acc;
+        for (int db = 0; db < kDimBlocks; ++db) {
+          acc_o[mt][db][2 * half] *= rescale_acc;
+          acc_o[mt][db][2 * half + 1] *= rescale_acc;
+        }
+      } else {
+        row_sum[hf] += tile_sum;
       }
+      row_max2[hf] = new_max2[hf];
     }
 
     // O += P V: each V operand loaded from shared memory feeds all kMTiles m-tiles.
@@ -312,16 +354,18 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   }
 }
 
-// Launches flash2_kernel with Config for one dtype and head_dim: the shared-memory opt-in, the
-// grid, and the launch check.
+// Launches flash2_kernel with Config for one dtype and head_dim: the shared-memory check and
+// opt-in, the grid, and the launch check.
 template <typename Element, int kHeadDim, class Config>
 flash::Status launch_flash2(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
                             int heads_kv, int seq_q, int seq_kv, float scale, bool causal, cudaStream_t stream) {
   const auto kernel = causal ? flash2_kernel<Element, kHeadDim, true, Config>
                              : flash2_kernel<Element, kHeadDim, false, Config>;
   constexpr size_t kSharedBytes = sizeof(kernel_detail::SharedTiles<Element, kHeadDim, Config>);
-  const flash::Status status = flash::cuda_status(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
+  flash::Status status = flash::check_shared_memory(kSharedBytes);
+  if (status.ok())
+    status = flash::cuda_status(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
   if (!status.ok()) return status;
   constexpr int kBlockRows = Config::kWarps * Config::kWarpRows;
   const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;

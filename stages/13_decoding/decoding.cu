@@ -86,8 +86,12 @@ flash::Status launch(const void* q, const Cache& cache, void* o, float* lse, int
                      int seq_q, int plan_kv, float scale, bool causal, void* workspace, cudaStream_t stream) {
   const auto kernel = split_kernel<Element, kHeadDim, Cache>;
   constexpr int kShared = kernel_detail::shared_bytes<Element, kHeadDim>();
+  // One pipeline depth per head_dim: a GPU (or flash::set_shared_memory_limit) that allows a block
+  // less than it needs is refused by name, not left to fail at the launch.
+  flash::Status status = flash::check_shared_memory(kShared);
+  if (!status.ok()) return status;
   GpuFacts facts;
-  flash::Status status = gpu_facts(kernel, kShared, &facts);
+  status = gpu_facts(kernel, kShared, &facts);
   if (!status.ok()) return status;
 
   SplitParams p;

@@ -427,7 +427,8 @@ __global__ void __launch_bounds__(256)
   }
   const float inv = flash::softmax_normalizer(stats);
   *reinterpret_cast<uint2*>(o + row * kHeadDim + c) =
-      make_uint2(tensor_core::pack2<Element>(acc.x * inv, acc.y * inv), tensor_core::pack2<Element>(acc.z * inv, acc.w * inv));
+      make_uint2(tensor_core::pack2<Element>(acc.x * inv, acc.y * inv),
+                 tensor_core::pack2<Element>(acc.z * inv, acc.w * inv));
   if (lse && c == 0) lse[row] = flash::softmax_lse(stats);
 }
 
