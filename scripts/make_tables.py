@@ -312,6 +312,17 @@ def ncu_tensor_table(head_dim):
     return "\n".join(lines)
 
 
+def load_variants():
+    """h100_stage10_variants.txt as {(head_dim, causal, N, slug): {"ms", "tflops"}} (slug: see value())."""
+    line = re.compile(r"d(\d+)\s+causal=(\d) N=(\d+)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) TFLOP/s")
+    rows = {}
+    for m in map(line.match, (RESULTS / "h100_stage10_variants.txt").read_text().splitlines()):
+        if m:
+            slug = re.sub(r"[^a-z0-9]", "", m[4].lower())
+            rows[(int(m[1]), m[2] == "1", int(m[3]), slug)] = {"ms": float(m[5]), "tflops": float(m[6])}
+    return rows
+
+
 def variants_table():
     """Stage 10's kernel in each tile shape (bench/stage10_variants.cu's text output)."""
     line = re.compile(r"d(\d+)\s+causal=(\d) N=(\d+)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) TFLOP/s")
@@ -692,6 +703,9 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       ablation-order/dD/N               stage 06, causal: natural block order's time over heaviest-first's
       ablation-causal/dD/N              stage 06: causal time over non-causal time, measured back to back
       causal-predicted/N                the tile count's prediction of that ratio, 1/2 + 32/N (not measured)
+      variant/dD/cC/N/SLUG/tflops|ms    a row of h100_stage10_variants.txt; SLUG is the variant's name in
+                                        lower case without spaces or punctuation, e.g. stage10asbuilt,
+                                        4wx32rx64kqsmem1blksmlazy
       decode/PAGE/B/N/gbs|pct|us        stage 13's decode family in h100_bench_decode.json (PAGE 0: the
                                         contiguous cache, else the page size; pct: % of the HBM datasheet)
     """
@@ -877,6 +891,10 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         if parts[4] == "pct":
             return f"{100 * r['gbs'] / (float((anchors if anchors is not None else load_anchors())['hbm']) * 1e3):.0f}"
         return f"{r['us']:.1f}" if parts[4] == "us" else f"{r['gbs']:.0f}"
+    if kind == "variant":  # variant/dD/cC/N/SLUG/tflops|ms: a row of h100_stage10_variants.txt
+        d, causal, n, slug, what = int(parts[1][1:]), parts[2] == "c1", int(parts[3]), parts[4], parts[5]
+        row = load_variants()[(d, causal, n, slug)]
+        return f"{row['tflops']:.1f}" if what == "tflops" else f"{row['ms']:.3f}"
     if kind == "traffic-ms":  # traffic-ms/SS/dD/PASSES: passes over the workspace at the measured copy rate
         stage, d, passes = int(parts[1]), int(parts[2][1:]), int(parts[3])
         workspace = next(b["workspace_bytes"] for b in json.loads(BENCH.read_text())["benchmarks"]
