@@ -531,6 +531,48 @@ def load_decode_bench():
     return runs
 
 
+# The three shapes stage 13 is measured against (lesson 13): (batch, seq_kv), 32 query heads on 8 K/V heads.
+DECODE_TARGETS = ((1, 131072), (8, 32768), (64, 4096))
+DECODE_GOAL = 0.80  # the stage's target: this share of the HBM datasheet's bandwidth at each target shape
+# "On par" in value:decode-versus: stage 13's time within 2% of SDPA's flash backend, about the difference
+# between the benchmark's and compare.py's own timings of the same call (1.7% at batch 1, 131072 keys).
+DECODE_PAR = 0.02
+
+
+def load_decode_compare():
+    """{(impl, batch, seq_kv): row} of compare.py --decode's runs that succeeded."""
+    return {(r["impl"], r["batch"], r["seq_kv"]): r
+            for r in json.loads(DECODE_COMPARE.with_suffix(".json").read_text())["results"] if r["status"] == "ok"}
+
+
+def decode_compare_ratio(batch, seq_kv):
+    """sdpa-flash's median time over stage 13's, as compare.py's last column computes it."""
+    rows = load_decode_compare()
+    return rows[("sdpa-flash", batch, seq_kv)]["median_us"] / decode_compare_stage(rows, batch, seq_kv)["median_us"]
+
+
+def decode_compare_stage(rows, batch, seq_kv):
+    """The stage's own row (contiguous cache) of compare.py --decode at (batch, seq_kv)."""
+    for (impl, b, n), r in rows.items():
+        if (b, n) == (batch, seq_kv) and impl.startswith("stage") and not impl.endswith("-paged"):
+            return r
+    raise KeyError(f"no stage row at batch {batch}, seq_kv {seq_kv} in {DECODE_COMPARE.with_suffix('.json').name}")
+
+
+def decode_target_gbs(source):
+    """GB/s at the three target shapes: bench (contiguous), paged (the benchmark's paged cache) or compare."""
+    if source == "compare":
+        rows = load_decode_compare()
+        return [decode_compare_stage(rows, *shape)["gbs"] for shape in DECODE_TARGETS]
+    runs = load_decode_bench()
+    if source == "bench":
+        return [runs[(0, *shape)]["gbs"] for shape in DECODE_TARGETS]
+    if source == "paged":
+        pages = sorted({k[0] for k in runs if k[0]})
+        return [runs[(pages[0], *shape)]["gbs"] for shape in DECODE_TARGETS]
+    raise KeyError(source)
+
+
 def decode_bench_table():
     """Stage 13's decode family: GB/s over the K and V bytes and the share of the HBM datasheet figure."""
     if not DECODE_BENCH.exists():
@@ -708,6 +750,19 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         4wx32rx64kqsmem1blksmlazy
       decode/PAGE/B/N/gbs|pct|us        stage 13's decode family in h100_bench_decode.json (PAGE 0: the
                                         contiguous cache, else the page size; pct: % of the HBM datasheet)
+      decode-compare/B/N/IMPL/gbs|pct|us  a cell of compare_h100_decode.json (IMPL: stage13, stage13-paged,
+                                        sdpa-flash; pct: % of the HBM datasheet)
+      decode-compare/B/N/ratio          its last column: sdpa-flash's time over stage 13's (2 decimals)
+      decode-versus/B/N                 "on par with", "faster than" or "slower than": stage 13 against
+                                        sdpa-flash at (B, N), on par while the ratio, as printed, is within
+                                        DECODE_PAR of 1 (for sentences that must stay true)
+      decode-target/SOURCE/min|max      the lowest or highest % of the HBM datasheet over the three target
+                                        shapes (DECODE_TARGETS); SOURCE: bench (the contiguous cache of
+                                        h100_bench_decode.json), paged (its paged cache), compare (stage13 in
+                                        compare_h100_decode.json)
+      decode-met/SOURCE                 at how many of the three target shapes SOURCE reaches DECODE_GOAL
+                                        of the datasheet: "all three", "two of the three", "one of the three"
+                                        or "none of the three"
     """
     parts = spec.split("/")
     kind = parts[0]
@@ -895,6 +950,26 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         d, causal, n, slug, what = int(parts[1][1:]), parts[2] == "c1", int(parts[3]), parts[4], parts[5]
         row = load_variants()[(d, causal, n, slug)]
         return f"{row['tflops']:.1f}" if what == "tflops" else f"{row['ms']:.3f}"
+    if kind in ("decode-compare", "decode-versus"):
+        batch, seq_kv = int(parts[1]), int(parts[2])
+        if kind == "decode-versus" or parts[3] == "ratio":
+            ratio = decode_compare_ratio(batch, seq_kv)
+            if kind == "decode-compare":
+                return f"{ratio:.2f}"
+            printed = round(ratio, 2)
+            return ("on par with" if abs(printed - 1) <= DECODE_PAR else "faster than" if printed > 1
+                    else "slower than")
+        r = load_decode_compare()[(parts[3], batch, seq_kv)]
+        if parts[4] == "pct":
+            return f"{100 * r['gbs'] / (float((anchors if anchors is not None else load_anchors())['hbm']) * 1e3):.0f}"
+        return f"{r['median_us']:.1f}" if parts[4] == "us" else f"{r['gbs']:.0f}"
+    if kind in ("decode-target", "decode-met"):
+        hbm_gbs = float((anchors if anchors is not None else load_anchors())["hbm"]) * 1e3
+        shares = [g / hbm_gbs for g in decode_target_gbs(parts[1])]
+        if kind == "decode-target":
+            return f"{100 * {'min': min, 'max': max}[parts[2]](shares):.0f}"
+        met = sum(share >= DECODE_GOAL for share in shares)
+        return {3: "all three", 2: "two of the three", 1: "one of the three", 0: "none of the three"}[met]
     if kind == "traffic-ms":  # traffic-ms/SS/dD/PASSES: passes over the workspace at the measured copy rate
         stage, d, passes = int(parts[1]), int(parts[2][1:]), int(parts[3])
         workspace = next(b["workspace_bytes"] for b in json.loads(BENCH.read_text())["benchmarks"]
