@@ -442,6 +442,12 @@ def ablation_gain(runs, ladder, d, key):
     return ablation_ms(runs, d, ladder[i - 1]) / ablation_ms(runs, d, key)
 
 
+def ablation_top(runs, ladder, d):
+    """The key of the rung (tiles .. pad4) whose change gains most at head_dim d, where it stands."""
+    rungs = [k for k in ladder if k in ABLATION_SHORT]
+    return max(rungs, key=lambda k: ablation_gain(runs, ladder, d, k))
+
+
 def ablation_table():
     runs, ladder, header = load_ablation()
     dims = sorted({k[0] for k in runs})
@@ -742,6 +748,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       ablation-total/dD/KEY             stage 04's time over rung KEY's
       ablation-top/dD/label|key|gain    the rung (tiles .. pad4) that gains most at head_dim D: its name in
                                         words, its key, its gain
+      ablation-top/all/label            the same rung's name, said once where every head_dim agrees
+                                        ("register tiles"), else each head_dim's ("X at d=64 and Y at d=128")
       ablation-order/dD/N               stage 06, causal: natural block order's time over heaviest-first's
       ablation-causal/dD/N              stage 06: causal time over non-causal time, measured back to back
       causal-predicted/N                the tile count's prediction of that ratio, 1/2 + 32/N (not measured)
@@ -863,6 +871,14 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         if kind == "causal-predicted":
             return f"{causal_predicted(int(parts[1])):.3f}"
         ab_runs, ladder, _ = load_ablation()
+        if kind == "ablation-top" and parts[1] == "all":
+            if parts[2] != "label":
+                raise KeyError(spec)
+            dims = sorted({k[0] for k in ab_runs})
+            labels = [ABLATION_SHORT[ablation_top(ab_runs, ladder, d)] for d in dims]
+            if len(set(labels)) == 1:
+                return labels[0]
+            return " and ".join(f"{label} at d={d}" for label, d in zip(labels, dims))
         d = int(parts[1][1:])
         if kind == "ablation":
             causal, n, key, what = parts[2] == "c1", int(parts[3]), parts[4], parts[5]
@@ -875,8 +891,7 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         if kind == "ablation-total":
             return f"{ablation_ms(ab_runs, d, 's04') / ablation_ms(ab_runs, d, parts[2]):.2f}"
         if kind == "ablation-top":
-            rungs = [k for k in ladder if k in ABLATION_SHORT]
-            top = max(rungs, key=lambda k: ablation_gain(ab_runs, ladder, d, k))
+            top = ablation_top(ab_runs, ladder, d)
             return {"label": ABLATION_SHORT[top], "key": top,
                     "gain": f"{ablation_gain(ab_runs, ladder, d, top):.2f}"}[parts[2]]
         n = int(parts[2])
