@@ -105,8 +105,10 @@ double median(std::vector<double> x) {
 }
 
 // Times `call` once per benchmark iteration with CUDA events, after one untimed call that pays for
-// module loading and cold caches. Returns the median in seconds, or 0 after skipping the case.
-double time_iterations(benchmark::State& state, const std::function<flash::Status()>& call) {
+// module loading and cold caches. `before_each`, when given, runs before every timed call, outside
+// the events. Returns the median in seconds, or 0 after skipping the case.
+double time_iterations(benchmark::State& state, const std::function<flash::Status()>& call,
+                       const std::function<void()>& before_each = {}) {
   flash::Status status = call();
   if (!status.ok()) {
     state.SkipWithError(flash::to_string(status).c_str());
@@ -116,6 +118,7 @@ double time_iterations(benchmark::State& state, const std::function<flash::Statu
   Event start, stop;
   std::vector<double> ms;
   for (auto _ : state) {
+    if (before_each) before_each();
     harness::cuda_check(cudaEventRecord(start.event), "cudaEventRecord");
     status = call();
     harness::cuda_check(cudaEventRecord(stop.event), "cudaEventRecord");
@@ -227,12 +230,16 @@ const std::vector<int> kDecodeSweep = {1024, 4096, 16384, 65536, 262144, 1 << 20
 // call then finds none of its K and V in L2, as a decode step does when every layer reads a cache of
 // its own, and no dirty line of the flush is left for it to write back.
 class L2Flush {
+  // Used if the device reports no L2 size: more than the largest L2 of the GPUs the course targets
+  // (the H100's 50 MiB).
+  static constexpr size_t kFallbackL2Bytes = size_t{64} << 20;
+
  public:
   L2Flush() {
     int device = 0, l2 = 0;
     harness::cuda_check(cudaGetDevice(&device), "cudaGetDevice");
     harness::cuda_check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
-    buffer_ = harness::DeviceBuffer<unsigned char>(2 * static_cast<size_t>(l2 > 0 ? l2 : 1 << 26));
+    buffer_ = harness::DeviceBuffer<unsigned char>(2 * (l2 > 0 ? static_cast<size_t>(l2) : kFallbackL2Bytes));
     harness::cuda_check(cudaMemset(buffer_.get(), 0, buffer_.bytes()), "cudaMemset");
   }
   void operator()() const {
@@ -247,30 +254,7 @@ class L2Flush {
 // time_iterations with L2 flushed before each call (outside the timed events).
 double time_cold_iterations(benchmark::State& state, const std::function<flash::Status()>& call) {
   static const L2Flush flush;
-  flash::Status status = call();
-  if (!status.ok()) {
-    state.SkipWithError(flash::to_string(status).c_str());
-    return 0;
-  }
-  harness::cuda_check(cudaDeviceSynchronize(), "warm-up");
-  Event start, stop;
-  std::vector<double> ms;
-  for (auto _ : state) {
-    flush();
-    harness::cuda_check(cudaEventRecord(start.event), "cudaEventRecord");
-    status = call();
-    harness::cuda_check(cudaEventRecord(stop.event), "cudaEventRecord");
-    harness::cuda_check(cudaEventSynchronize(stop.event), "cudaEventSynchronize");
-    if (!status.ok()) {
-      state.SkipWithError(flash::to_string(status).c_str());
-      return 0;
-    }
-    float elapsed_ms = 0.0f;
-    harness::cuda_check(cudaEventElapsedTime(&elapsed_ms, start.event, stop.event), "cudaEventElapsedTime");
-    ms.push_back(elapsed_ms);
-    state.SetIterationTime(elapsed_ms / 1e3);
-  }
-  return ms.empty() ? 0 : median(ms) / 1e3;
+  return time_iterations(state, call, [] { flush(); });
 }
 
 // One decode call of the stage, contiguous or paged (pages of kDecodePageSize keys, sequence b's pages

@@ -4,8 +4,13 @@
 namespace bench {
 namespace {
 
-// XORs every 16-byte vector of the buffer into a register and stores it only if it equals a value
-// no all-zero buffer can give, which the compiler cannot rule out, so no load is dropped.
+// A grid-stride read needs only enough threads in flight to keep HBM busy, not one per vector.
+constexpr int kBlocks = 1024;
+constexpr int kThreads = 256;
+
+// XORs every 16-byte vector of the buffer into a register and stores the result only if every bit is
+// set: a value the zeroed flush buffer cannot give, but one the compiler cannot rule out, so it keeps
+// every load.
 __global__ void read_kernel(const uint4* data, size_t count, unsigned* sink) {
   uint4 acc = make_uint4(0, 0, 0, 0);
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < count;
@@ -22,8 +27,8 @@ __global__ void read_kernel(const uint4* data, size_t count, unsigned* sink) {
 }  // namespace
 
 void read_through_l2(const void* buffer, size_t bytes, cudaStream_t stream) {
-  // The sink is the buffer's own first word: written only for the impossible value above.
-  read_kernel<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(buffer), bytes / sizeof(uint4),
+  // The sink is the buffer's own first word, never written for a zeroed buffer (see read_kernel).
+  read_kernel<<<kBlocks, kThreads, 0, stream>>>(static_cast<const uint4*>(buffer), bytes / sizeof(uint4),
                                         const_cast<unsigned*>(static_cast<const unsigned*>(buffer)));
 }
 

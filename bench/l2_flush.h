@@ -9,7 +9,8 @@
 
 namespace bench {
 
-// Reads bytes (a multiple of 16) of buffer on stream; nothing observable is written.
+// Reads bytes (a multiple of 16) of buffer on stream. The buffer must be all zeros; then nothing
+// is written.
 void read_through_l2(const void* buffer, size_t bytes, cudaStream_t stream);
 
 }  // namespace bench

@@ -71,7 +71,6 @@ constexpr int kRowLanes = 32 / kColLanes;
 constexpr int kRowsPerThread = kWarpRows / kRowLanes;
 static_assert(kRowsPerThread == 4, "a thread's rows travel as one float4 of P");
 constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr size_t kDefaultSharedLimit = 48 * 1024;
 
 // Stage 05's keys per tile: 64, or 32 at head_dim 128 (three blocks per SM either way).
 constexpr int stage05_block_cols(int head_dim) { return head_dim <= 64 ? 64 : 32; }
@@ -550,11 +549,8 @@ flash::Status launch(const float* q, const float* k, const float* v, float* o, f
                      int heads_kv, int seq_q, int seq_kv, float scale, cudaStream_t stream) {
   const auto kernel = ablation_kernel<kHeadDim, C>;
   constexpr size_t kSharedBytes = shared_bytes<kHeadDim, C>();
-  if (kSharedBytes > kDefaultSharedLimit) {
-    const flash::Status status = flash::cuda_status(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
-    if (!status.ok()) return status;
-  }
+  const flash::Status status = flash::allow_shared_memory(kernel, kSharedBytes);
+  if (!status.ok()) return status;
   constexpr int kBlockRows = C::block_rows();
   const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;
   const long long blocks = static_cast<long long>(batch) * heads_q * num_q_tiles;

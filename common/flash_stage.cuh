@@ -275,8 +275,9 @@ inline void set_shared_memory_limit(size_t bytes) { shared_memory_override().sto
 inline size_t shared_memory_limit_override() { return shared_memory_override().load(); }
 
 // The shared memory one block may use on the current device, in bytes: the device's opt-in limit
-// (cudaDevAttrMaxSharedMemoryPerBlockOptin: 64 KiB on a T4, 99 KiB on RTX 30/40 cards, 163 KiB on
-// an A100, 227 KiB on an H100), or the override of set_shared_memory_limit where that is lower.
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin; the CUDA C++ Programming Guide's table of compute
+// capabilities gives 64 KiB on a T4, 99 KiB on RTX 30/40 cards, 163 KiB on an A100, 227 KiB on an
+// H100), or the override of set_shared_memory_limit where that is lower.
 // The stages that tile (04 on) take the largest of their tile configurations that fits it.
 inline Status shared_memory_limit(size_t* bytes) {
   int device = 0, optin = 0;
