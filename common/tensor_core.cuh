@@ -44,6 +44,26 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&frag)[4], const void* row_ad
 #endif
 }
 
+// ldmatrix.x2: two 8x8 matrices, lanes 0-15 passing the row addresses (row l % 8 of matrix l / 8;
+// the addresses of lanes 16-31 are ignored but must be valid, so pass the same pattern). Lane l gets
+// (row l / 4, columns 2 * (l % 4) and 2 * (l % 4) + 1) of matrix m in frag[m]: one B operand (b0, b1).
+__device__ inline void ldmatrix_x2(uint32_t (&frag)[2], const void* row_address) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(frag[0]), "=r"(frag[1])
+               : "r"(shared_address(row_address)));
+#endif
+}
+
+// ldmatrix.x2.trans: the same two matrices, each transposed on the way (as ldmatrix_x4_trans).
+__device__ inline void ldmatrix_x2_trans(uint32_t (&frag)[2], const void* row_address) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(frag[0]), "=r"(frag[1])
+               : "r"(shared_address(row_address)));
+#endif
+}
+
 // mma.sync m16n8k16: acc (16x8, fp32) += A (16x16, row-major) * B (16x8, column-major), A and B in
 // Element (__half or __nv_bfloat16). With g = lane / 4 and t = lane % 4, a lane holds
 //   a[0]: A[g][2t..2t+1]    a[1]: A[g+8][2t..2t+1]    a[2]: A[g][2t+8..2t+9]    a[3]: A[g+8][2t+8..2t+9]
@@ -96,6 +116,22 @@ __device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// pack2's inverse: the two 16-bit floats of one register, low half first, as fp32 (exactly).
+template <typename Element>
+__device__ inline float2 unpack2(uint32_t packed);
+
+// Two fp16 values of one register as fp32.
+template <>
+__device__ inline float2 unpack2<__half>(uint32_t packed) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+}
+
+// Two bf16 values of one register as fp32.
+template <>
+__device__ inline float2 unpack2<__nv_bfloat16>(uint32_t packed) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
+}
+
 // cp.async.cg: 16 bytes from global to shared memory without passing through registers, and
 // without waiting: the copy completes in the background. With valid = false nothing is read and
 // the 16 bytes are zero-filled (src-size 0), which is how a tile past the end of the sequence is
@@ -120,6 +156,27 @@ template <int kPending>
 __device__ inline void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#endif
+}
+
+// red.global.add.f32: *address += value in global memory, atomically, without returning the old
+// value (a reduction, not an atomic exchange: the warp does not wait for the result). Additions from
+// different threads land in whatever order the memory system sees them, and fp32 addition is not
+// associative: the sum is the same up to rounding, not bit for bit, from one run to the next.
+__device__ inline void red_add_f32(float* address, float value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address), "f"(value));
+#endif
+}
+
+// Two adjacent floats (address 8-byte aligned) added as red_add_f32 does. Hopper (sm_90) has the
+// vector form, red.global.add.v2.f32, one instruction for both; older GPUs issue two scalar ones.
+__device__ inline void red_add_f32x2(float* address, float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(lo), "f"(hi));
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  red_add_f32(address, lo);
+  red_add_f32(address + 1, hi);
 #endif
 }
 
