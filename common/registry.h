@@ -114,7 +114,9 @@ const std::vector<Stage>& exercises();
 // The exercise of stage `number`, or null when there is none.
 const Stage* find_exercise(int number);
 // The nearest earlier stage that supports the same problem in some dtype (stage 08 in bf16 is
-// compared with stage 07 in fp32 on the same rounded inputs), or null for the first.
+// compared with stage 07 in fp32 on the same rounded inputs), or null for the first. A stage that
+// reuses the forward of the stage before it (11, a backward only, runs 10's) is passed over: stage
+// 13's previous is 10.
 const Stage* previous(const Stage& stage, const harness::Problem& p);
 
 // What run_forward brings back to the host.

@@ -44,26 +44,6 @@ __device__ inline void ldmatrix_x4_trans(uint32_t (&frag)[4], const void* row_ad
 #endif
 }
 
-// ldmatrix.x2: two 8x8 matrices, lanes 0-15 passing the row addresses (row l % 8 of matrix l / 8;
-// the addresses of lanes 16-31 are ignored but must be valid, so pass the same pattern). Lane l gets
-// (row l / 4, columns 2 * (l % 4) and 2 * (l % 4) + 1) of matrix m in frag[m]: one B operand (b0, b1).
-__device__ inline void ldmatrix_x2(uint32_t (&frag)[2], const void* row_address) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(frag[0]), "=r"(frag[1])
-               : "r"(shared_address(row_address)));
-#endif
-}
-
-// ldmatrix.x2.trans: the same two matrices, each transposed on the way (as ldmatrix_x4_trans).
-__device__ inline void ldmatrix_x2_trans(uint32_t (&frag)[2], const void* row_address) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
-               : "=r"(frag[0]), "=r"(frag[1])
-               : "r"(shared_address(row_address)));
-#endif
-}
-
 // mma.sync m16n8k16: acc (16x8, fp32) += A (16x16, row-major) * B (16x8, column-major), A and B in
 // Element (__half or __nv_bfloat16). With g = lane / 4 and t = lane % 4, a lane holds
 //   a[0]: A[g][2t..2t+1]    a[1]: A[g+8][2t..2t+1]    a[2]: A[g][2t+8..2t+9]    a[3]: A[g+8][2t+8..2t+9]
