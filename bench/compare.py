@@ -623,7 +623,9 @@ def main_decode(args, t0, torch, flash_stages, F, SDPBackend, sdpa_kernel):
                         natural = t.view(batch, DECODE_HEADS_KV, pages, DECODE_PAGE, DECODE_HEAD_DIM)
                         natural = natural.permute(0, 2, 3, 1, 4).reshape(batch * pages, DECODE_PAGE, DECODE_HEADS_KV,
                                                                           DECODE_HEAD_DIM)
-                        out = torch.empty_like(natural)
+                        # Not empty_like: at batch 1 the reshape is a view with natural's permuted strides,
+                        # which empty_like would copy, and decode_paged takes contiguous pages only.
+                        out = torch.empty(natural.shape, dtype=natural.dtype, device=natural.device)
                         out[order] = natural
                         return out
 

@@ -442,6 +442,12 @@ def ablation_gain(runs, ladder, d, key):
     return ablation_ms(runs, d, ladder[i - 1]) / ablation_ms(runs, d, key)
 
 
+def ablation_top(runs, ladder, d):
+    """The key of the rung (tiles .. pad4) whose change gains most at head_dim d, where it stands."""
+    rungs = [k for k in ladder if k in ABLATION_SHORT]
+    return max(rungs, key=lambda k: ablation_gain(runs, ladder, d, k))
+
+
 def ablation_table():
     runs, ladder, header = load_ablation()
     dims = sorted({k[0] for k in runs})
@@ -529,6 +535,48 @@ def load_decode_bench():
             stage=int(m[1]), dtype=m[2], d=int(m[4]), hq=int(m[5]), hkv=int(m[6]), gbs=b["GB/s"],
             us=b["median_ms"] * 1e3)
     return runs
+
+
+# The three shapes stage 13 is measured against (lesson 13): (batch, seq_kv), 32 query heads on 8 K/V heads.
+DECODE_TARGETS = ((1, 131072), (8, 32768), (64, 4096))
+DECODE_GOAL = 0.80  # the stage's target: this share of the HBM datasheet's bandwidth at each target shape
+# "On par" in value:decode-versus: stage 13's time within 2% of SDPA's flash backend, about the difference
+# between the benchmark's and compare.py's own timings of the same call (1.7% at batch 1, 131072 keys).
+DECODE_PAR = 0.02
+
+
+def load_decode_compare():
+    """{(impl, batch, seq_kv): row} of compare.py --decode's runs that succeeded."""
+    return {(r["impl"], r["batch"], r["seq_kv"]): r
+            for r in json.loads(DECODE_COMPARE.with_suffix(".json").read_text())["results"] if r["status"] == "ok"}
+
+
+def decode_compare_ratio(batch, seq_kv):
+    """sdpa-flash's median time over stage 13's, as compare.py's last column computes it."""
+    rows = load_decode_compare()
+    return rows[("sdpa-flash", batch, seq_kv)]["median_us"] / decode_compare_stage(rows, batch, seq_kv)["median_us"]
+
+
+def decode_compare_stage(rows, batch, seq_kv):
+    """The stage's own row (contiguous cache) of compare.py --decode at (batch, seq_kv)."""
+    for (impl, b, n), r in rows.items():
+        if (b, n) == (batch, seq_kv) and impl.startswith("stage") and not impl.endswith("-paged"):
+            return r
+    raise KeyError(f"no stage row at batch {batch}, seq_kv {seq_kv} in {DECODE_COMPARE.with_suffix('.json').name}")
+
+
+def decode_target_gbs(source):
+    """GB/s at the three target shapes: bench (contiguous), paged (the benchmark's paged cache) or compare."""
+    if source == "compare":
+        rows = load_decode_compare()
+        return [decode_compare_stage(rows, *shape)["gbs"] for shape in DECODE_TARGETS]
+    runs = load_decode_bench()
+    if source == "bench":
+        return [runs[(0, *shape)]["gbs"] for shape in DECODE_TARGETS]
+    if source == "paged":
+        pages = sorted({k[0] for k in runs if k[0]})
+        return [runs[(pages[0], *shape)]["gbs"] for shape in DECODE_TARGETS]
+    raise KeyError(source)
 
 
 def decode_bench_table():
@@ -700,6 +748,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       ablation-total/dD/KEY             stage 04's time over rung KEY's
       ablation-top/dD/label|key|gain    the rung (tiles .. pad4) that gains most at head_dim D: its name in
                                         words, its key, its gain
+      ablation-top/all/label            the same rung's name, said once where every head_dim agrees
+                                        ("register tiles"), else each head_dim's ("X at d=64 and Y at d=128")
       ablation-order/dD/N               stage 06, causal: natural block order's time over heaviest-first's
       ablation-causal/dD/N              stage 06: causal time over non-causal time, measured back to back
       causal-predicted/N                the tile count's prediction of that ratio, 1/2 + 32/N (not measured)
@@ -708,6 +758,19 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         4wx32rx64kqsmem1blksmlazy
       decode/PAGE/B/N/gbs|pct|us        stage 13's decode family in h100_bench_decode.json (PAGE 0: the
                                         contiguous cache, else the page size; pct: % of the HBM datasheet)
+      decode-compare/B/N/IMPL/gbs|pct|us  a cell of compare_h100_decode.json (IMPL: stage13, stage13-paged,
+                                        sdpa-flash; pct: % of the HBM datasheet)
+      decode-compare/B/N/ratio          its last column: sdpa-flash's time over stage 13's (2 decimals)
+      decode-versus/B/N                 "on par with", "faster than" or "slower than": stage 13 against
+                                        sdpa-flash at (B, N), on par while the ratio, as printed, is within
+                                        DECODE_PAR of 1 (for sentences that must stay true)
+      decode-target/SOURCE/min|max      the lowest or highest % of the HBM datasheet over the three target
+                                        shapes (DECODE_TARGETS); SOURCE: bench (the contiguous cache of
+                                        h100_bench_decode.json), paged (its paged cache), compare (stage13 in
+                                        compare_h100_decode.json)
+      decode-met/SOURCE                 at how many of the three target shapes SOURCE reaches DECODE_GOAL
+                                        of the datasheet: "all three", "two of the three", "one of the three"
+                                        or "none of the three"
     """
     parts = spec.split("/")
     kind = parts[0]
@@ -808,6 +871,14 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         if kind == "causal-predicted":
             return f"{causal_predicted(int(parts[1])):.3f}"
         ab_runs, ladder, _ = load_ablation()
+        if kind == "ablation-top" and parts[1] == "all":
+            if parts[2] != "label":
+                raise KeyError(spec)
+            dims = sorted({k[0] for k in ab_runs})
+            labels = [ABLATION_SHORT[ablation_top(ab_runs, ladder, d)] for d in dims]
+            if len(set(labels)) == 1:
+                return labels[0]
+            return " and ".join(f"{label} at d={d}" for label, d in zip(labels, dims))
         d = int(parts[1][1:])
         if kind == "ablation":
             causal, n, key, what = parts[2] == "c1", int(parts[3]), parts[4], parts[5]
@@ -820,8 +891,7 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         if kind == "ablation-total":
             return f"{ablation_ms(ab_runs, d, 's04') / ablation_ms(ab_runs, d, parts[2]):.2f}"
         if kind == "ablation-top":
-            rungs = [k for k in ladder if k in ABLATION_SHORT]
-            top = max(rungs, key=lambda k: ablation_gain(ab_runs, ladder, d, k))
+            top = ablation_top(ab_runs, ladder, d)
             return {"label": ABLATION_SHORT[top], "key": top,
                     "gain": f"{ablation_gain(ab_runs, ladder, d, top):.2f}"}[parts[2]]
         n = int(parts[2])
@@ -895,6 +965,26 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         d, causal, n, slug, what = int(parts[1][1:]), parts[2] == "c1", int(parts[3]), parts[4], parts[5]
         row = load_variants()[(d, causal, n, slug)]
         return f"{row['tflops']:.1f}" if what == "tflops" else f"{row['ms']:.3f}"
+    if kind in ("decode-compare", "decode-versus"):
+        batch, seq_kv = int(parts[1]), int(parts[2])
+        if kind == "decode-versus" or parts[3] == "ratio":
+            ratio = decode_compare_ratio(batch, seq_kv)
+            if kind == "decode-compare":
+                return f"{ratio:.2f}"
+            printed = round(ratio, 2)
+            return ("on par with" if abs(printed - 1) <= DECODE_PAR else "faster than" if printed > 1
+                    else "slower than")
+        r = load_decode_compare()[(parts[3], batch, seq_kv)]
+        if parts[4] == "pct":
+            return f"{100 * r['gbs'] / (float((anchors if anchors is not None else load_anchors())['hbm']) * 1e3):.0f}"
+        return f"{r['median_us']:.1f}" if parts[4] == "us" else f"{r['gbs']:.0f}"
+    if kind in ("decode-target", "decode-met"):
+        hbm_gbs = float((anchors if anchors is not None else load_anchors())["hbm"]) * 1e3
+        shares = [g / hbm_gbs for g in decode_target_gbs(parts[1])]
+        if kind == "decode-target":
+            return f"{100 * {'min': min, 'max': max}[parts[2]](shares):.0f}"
+        met = sum(share >= DECODE_GOAL for share in shares)
+        return {3: "all three", 2: "two of the three", 1: "one of the three", 0: "none of the three"}[met]
     if kind == "traffic-ms":  # traffic-ms/SS/dD/PASSES: passes over the workspace at the measured copy rate
         stage, d, passes = int(parts[1]), int(parts[2][1:]), int(parts[3])
         workspace = next(b["workspace_bytes"] for b in json.loads(BENCH.read_text())["benchmarks"]

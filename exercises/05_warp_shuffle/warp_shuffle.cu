@@ -1,19 +1,22 @@
 // Stage 05: rows owned by warps, statistics reduced with warp shuffles, tiles held in registers.
 //
-// Stage 04 spends most of its time waiting: four __syncthreads() per K/V tile, a softmax step in
-// which one thread per row works while the rest of the block idles, and inner loops that issue one
-// shared-memory load per multiply-add. This stage changes who owns what:
+// Stage 04 is bound by shared memory: its inner loops load two scalars from shared memory for every
+// multiply-add, which keeps the shared-memory pipe busy nearly all the time. Its four
+// __syncthreads() per K/V tile and its softmax step, in which one thread per row works while the
+// rest of the block idles, cost it far less (the lesson's ablation, bench/stage05_ablation.cu,
+// switches this stage's changes on one at a time and times each). This stage changes who owns what:
 //
 // - Each warp owns kWarpRows query rows for the whole kernel. A thread holds a 4 x kKeysPerThread
 //   block of scores and a 4 x (head_dim / 8) block of the output in registers, as a
 //   register-blocked SGEMM does: every float4 it reads from shared memory feeds four or more
-//   multiply-adds, where stage 04 loaded two scalars for each. That does not make the FMA units the
-//   limit: what binds instead (the shared-memory pipe's passes, scheduler cycles with no warp ready
-//   to issue, the instructions that are not FFMAs) is measured with Nsight Compute in the lesson,
-//   under "What binds now".
+//   multiply-adds, where stage 04 loaded two scalars for each. These register tiles are the change
+//   that buys most. They do not make the FMA units the limit: what binds instead (the
+//   shared-memory pipe's passes, scheduler cycles with no warp ready to issue, the instructions
+//   that are not FFMAs) is measured with Nsight Compute in the lesson, under "What binds now".
 // - The eight lanes that share a row (a quarter warp) each hold part of that row's scores. The
 //   row max and row sum are finished with three __shfl_xor_sync steps (a butterfly over lane bits
-//   0..2): registers to registers, no shared memory and no barrier.
+//   0..2): registers to registers, no shared memory and no barrier. Timed as one rung of the
+//   ablation this buys next to nothing: the reduction is a small part of each tile's work.
 // - The probabilities go to a slice of shared memory private to the warp, so the P V step needs
 //   only __syncwarp(). Two block-wide barriers per K/V tile remain: after the tile loads, and
 //   before the next tile overwrites it.
@@ -40,7 +43,9 @@ constexpr int kRowsPerThread = kWarpRows / kRowLanes;  // rows row_lane + kRowLa
 static_assert(kRowsPerThread == 4, "a thread's rows travel as one float4 of P");
 constexpr unsigned kFullWarp = 0xffffffffu;
 // Padding of 4 floats per row keeps rows 16-byte aligned for float4 and starts each row 4 banks
-// after the previous one, so the quarter warps reading neighbouring rows do not collide.
+// after the previous one, so the eight lanes of a quarter warp, which read eight neighbouring K rows
+// at one column, hit all 32 banks once. Unpadded, those float4 reads all fall in the same four banks,
+// and the kernel is slower than with scalar loads (stage 05's lesson measures it).
 constexpr int kPad = 4;
 
 // Keys per K/V tile (Bc): 64 where three blocks still fit an SM's 228 KiB, 32 at head_dim 128. A GPU

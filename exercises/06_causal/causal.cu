@@ -12,7 +12,9 @@
 //   exp(-inf + inf) = NaN, so the exponent uses 0 in place of an infinite max. Such rows end with
 //   row_sum = 0, which flash::softmax_normalizer and flash::softmax_lse turn into O = 0, lse = -inf.
 // - Blocks near the end of the sequence now do more tiles than blocks near the start. Each head's
-//   longest blocks are handed out first, so the short ones fill in the tail instead of SMs idling.
+//   longest blocks are handed out first, so that the short ones fill in the tail. Measured against
+//   the natural order (the lesson), this gains little: the blocks of the many heads in flight
+//   already mix long and short work, and only the last blocks to start differ between the orders.
 // Everything else is stage 05; with causal = false this kernel is stage 05's.
 #include "causal.h"
 
@@ -31,7 +33,9 @@ constexpr int kRowsPerThread = kWarpRows / kRowLanes;  // rows row_lane + kRowLa
 static_assert(kRowsPerThread == 4, "a thread's rows travel as one float4 of P");
 constexpr unsigned kFullWarp = 0xffffffffu;
 // Padding of 4 floats per row keeps rows 16-byte aligned for float4 and starts each row 4 banks
-// after the previous one, so the quarter warps reading neighbouring rows do not collide.
+// after the previous one, so the eight lanes of a quarter warp, which read eight neighbouring K rows
+// at one column, hit all 32 banks once. Unpadded, those float4 reads all fall in the same four banks,
+// and the kernel is slower than with scalar loads (stage 05's lesson measures it).
 constexpr int kPad = 4;
 
 // Keys per K/V tile (Bc): 64 where three blocks still fit an SM's 228 KiB, 32 at head_dim 128. A GPU
