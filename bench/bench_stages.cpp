@@ -182,15 +182,18 @@ void bench_forward(benchmark::State& state, const registry::Stage& stage, int he
 // The backward alone: O and lse come from one forward call before timing starts. FLOPs are 2.5x
 // the forward's (the FlashAttention convention: five matrix products instead of two), whatever
 // the stage recomputes; the compulsory traffic reads Q, K, V, O, dO, lse and writes dQ, dK, dV.
-void bench_backward(benchmark::State& state, const registry::Stage& stage, int head_dim, bool causal) {
-  const harness::Problem p = make_problem(static_cast<int>(state.range(0)), head_dim, causal, flash::DType::kFp32);
+// deterministic is passed to the backward (stage 11: the dQ pass without atomics).
+void bench_backward(benchmark::State& state, const registry::Stage& stage, int head_dim, bool causal,
+                    flash::DType dtype, bool deterministic) {
+  const harness::Problem p = make_problem(static_cast<int>(state.range(0)), head_dim, causal, dtype);
   try {
     const harness::DeviceInputs& in = inputs_for(p);
-    const auto fp32 = [](const harness::DeviceTensor& t) { return static_cast<const float*>(t.get()); };
     const size_t workspace_bytes = stage.backward_workspace_bytes(p);
-    const size_t buffer_bytes = (3 * p.q_elems() + p.rows() + 2 * p.kv_elems()) * sizeof(float);
+    const size_t buffer_bytes = (2 * p.q_elems() + 2 * p.kv_elems()) * flash::dtype_size(dtype) + p.rows() * sizeof(float);
     if (!fits(state, workspace_bytes + buffer_bytes + stage.workspace_bytes(p))) return;
-    harness::DeviceBuffer<float> o(p.q_elems()), lse(p.rows()), dq(p.q_elems()), dk(p.kv_elems()), dv(p.kv_elems());
+    harness::DeviceTensor o(dtype, static_cast<size_t>(p.q_elems())), dq(dtype, static_cast<size_t>(p.q_elems())),
+        dk(dtype, static_cast<size_t>(p.kv_elems())), dv(dtype, static_cast<size_t>(p.kv_elems()));
+    harness::DeviceBuffer<float> lse(p.rows());
     harness::DeviceBuffer<unsigned char> forward_workspace(stage.workspace_bytes(p)), workspace(workspace_bytes);
     const flash::Status status =
         stage.forward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q,
@@ -201,11 +204,13 @@ void bench_backward(benchmark::State& state, const registry::Stage& stage, int h
       return;
     }
     const double seconds = time_iterations(state, [&] {
-      return stage.backward(fp32(in.q), fp32(in.k), fp32(in.v), o.get(), lse.get(), fp32(in.d_out), dq.get(),
+      return stage.backward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), in.d_out.get(), dq.get(),
                             dk.get(), dv.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim,
-                            p.softmax_scale(), p.causal, workspace.get(), workspace.bytes(), nullptr);
+                            p.softmax_scale(), p.causal, p.dtype, deterministic, workspace.get(), workspace.bytes(),
+                            nullptr);
     });
-    const double bytes = harness::forward_compulsory_bytes(p) + (2.0 * p.q_elems() + 2.0 * p.kv_elems()) * sizeof(float);
+    const double bytes =
+        harness::forward_compulsory_bytes(p) + (2.0 * p.q_elems() + 2.0 * p.kv_elems()) * flash::dtype_size(dtype);
     if (seconds > 0) report(state, seconds, 2.5 * harness::forward_flops(p), bytes, workspace_bytes);
   } catch (const std::exception& e) {
     state.SkipWithError(e.what());
@@ -363,12 +368,17 @@ void register_benchmarks(bool with_exercises) {
           b->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
           for (int seq : kSeqLens) b->Arg(seq);
           if (!stage.backward) continue;
-          benchmark::internal::Benchmark* bwd = benchmark::RegisterBenchmark(
-              (name + "/backward").c_str(), [&stage, head_dim, causal](benchmark::State& state) {
-                bench_backward(state, stage, head_dim, causal);
-              });
-          bwd->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
-          for (int seq : kSeqLens) bwd->Arg(seq);
+          // .../backward; where the default mode sums with atomics, also .../backward_deterministic.
+          for (bool deterministic : {false, true}) {
+            if (deterministic && !stage.backward_atomic) continue;
+            benchmark::internal::Benchmark* bwd = benchmark::RegisterBenchmark(
+                (name + (deterministic ? "/backward_deterministic" : "/backward")).c_str(),
+                [&stage, head_dim, causal, dtype, deterministic](benchmark::State& state) {
+                  bench_backward(state, stage, head_dim, causal, dtype, deterministic);
+                });
+            bwd->ArgName("seq")->UseManualTime()->Unit(benchmark::kMillisecond)->MinTime(kMinTimeSeconds);
+            for (int seq : kSeqLens) bwd->Arg(seq);
+          }
         }
       }
     }

@@ -9,6 +9,7 @@ on the same inputs, forward and backward, over the FlashAttention benchmark grid
 
 Implementations:
   stageNN          flash_stages.forward / .backward (backward only for stages that have one)
+  stageNN-det      the backward of a stage that sums with atomics (stage 11), with deterministic=True
   naive-torch      softmax(scale * q @ k^T (masked)) @ v with cuBLAS matmuls (materializes N x N)
   sdpa-<backend>   torch.nn.functional.scaled_dot_product_attention pinned with
                    torch.nn.attention.sdpa_kernel to flash, cudnn, efficient or math; a backend
@@ -33,9 +34,9 @@ forward. Each forward's output (and each backward's dq) is checked against sdpa-
 same inputs (relative L2), so a fast wrong answer shows.
 
 Half precision (--dtype bfloat16 or float16): the stages that have the dtype and PyTorch's
-backends in it, forward only (no half stage has a backward yet); outputs are checked against
-sdpa-math in the same dtype, and the table adds each stage's speed over sdpa-flash
-(FlashAttention-2) per cell and as a geometric mean.
+backends in it, forward and backward (--forward-only: forward only, as before stage 11); outputs are
+checked against sdpa-math in the same dtype, and the table adds each stage's speed over sdpa-flash
+(FlashAttention-2) per cell and as a geometric mean, forward and (stages with a backward) backward.
 
 Writes bench/results/compare_<tag>.json, .md and compare_<tag>_forward.png / _backward.png; a half
 dtype adds it to the tag (compare_h100_bf16). A decoding stage (Stage.max_seq_q set: stage 13) is left
@@ -91,6 +92,7 @@ def parse_args():
                         "on an H100 every case runs; the naive stages 01-02 take about 2.4 s a call at N = 16384)")
     p.add_argument("--sets", type=int, default=2, help="input sets rotated through (default 2)")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.add_argument("--forward-only", action="store_true", help="half precision: time the forward only")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="element type of q, k, v (default float32, with --decode bfloat16; TF32 stays off)")
     p.add_argument("--decode", action="store_true",
@@ -159,7 +161,7 @@ def main():
     n_sets = max(1, args.sets)
     dtype = getattr(torch, args.dtype)
     reference_impl = "sdpa-math" if half else REFERENCE_IMPL
-    directions = ("forward",) if half else ("forward", "backward")
+    directions = ("forward",) if half and args.forward_only else ("forward", "backward")
 
     # A decoding stage takes a few query rows, not the grid's seq_q = seq_kv: --decode measures it.
     stages = [s for s in flash_stages.stages() if s.supports(dtype=args.dtype, seq_q=min(seq_lens))]
@@ -183,8 +185,12 @@ def main():
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
         return run
 
-    impls = [f"stage{s.number:02d}" for s in stages] + ["naive-torch"] + [f"sdpa-{b}" for b in SDPA_BACKENDS]
+    # stageNN-det: the deterministic mode of a backward that sums with atomics, beside the default mode.
+    deterministic_impls = [f"stage{s.number:02d}-det" for s in stages if s.backward_atomic]
+    impls = ([f"stage{s.number:02d}" for s in stages] + deterministic_impls + ["naive-torch"] +
+             [f"sdpa-{b}" for b in SDPA_BACKENDS])
     stage_of = {f"stage{s.number:02d}": s for s in stages}
+    stage_of.update({f"stage{s.number:02d}-det": s for s in stages if s.backward_atomic})
     torch_fn = {"naive-torch": naive_torch, **{f"sdpa-{b}": sdpa(b) for b in SDPA_BACKENDS}}
     # Bytes of N x N float matrices a PyTorch path holds at its peak, in units of B*H*N*N*4.
     quadratic = {"naive-torch": {"forward": 2, "backward": 3}, "sdpa-math": {"forward": 3, "backward": 4}}
@@ -255,6 +261,8 @@ def main():
                                     continue  # not a case: the stage has no causal mask
                                 if direction == "backward" and not st.backward:
                                     continue  # not a case: the stage has no backward
+                                if direction == "forward" and impl.endswith("-det"):
+                                    continue  # not a case: the flag is the backward's
                             if key in last_ms:
                                 prev_seq, prev_ms = last_ms[key]
                                 predicted = prev_ms * seq / prev_seq / 1e3  # B*N fixed: time grows with N
@@ -275,7 +283,7 @@ def main():
                                     raise Skip(f"does not fit: workspace {ws / 2**30:.1f} GiB + outputs "
                                                f"{need / 2**30:.1f} GiB > 90% of {free / 2**30:.1f} GiB free")
                                 ms, mn, runs, out = run_stage(torch, flash_stages, st, direction, sets, causal,
-                                                              time_calls)
+                                                              time_calls, deterministic=impl.endswith("-det"))
                             else:
                                 factor = quadratic.get(impl, {}).get(direction, 0)
                                 if factor and factor * quad_bytes > 0.9 * free:
@@ -349,7 +357,7 @@ def main():
     log(t0, "wrote " + ", ".join(os.path.relpath(p) for p in written))
 
 
-def run_stage(torch, flash_stages, st, direction, sets, causal, time_calls):
+def run_stage(torch, flash_stages, st, direction, sets, causal, time_calls, deterministic=False):
     """(median ms, min ms, runs, o or dq of set 0) of one stage."""
     if direction == "forward":
         ms, mn, runs, (o, _) = time_calls(lambda i: flash_stages.forward(*sets[i][:3], stage=st.number,
@@ -357,7 +365,8 @@ def run_stage(torch, flash_stages, st, direction, sets, causal, time_calls):
         return ms, mn, runs, o
     fwd = [flash_stages.forward(*s[:3], stage=st.number, causal=causal) for s in sets]
     ms, mn, runs, (dq, _, _) = time_calls(lambda i: flash_stages.backward(*sets[i][:3], *fwd[i], sets[i][3],
-                                                                          stage=st.number, causal=causal))
+                                                                          stage=st.number, causal=causal,
+                                                                          deterministic=deterministic))
     return ms, mn, runs, dq
 
 
@@ -414,20 +423,24 @@ def markdown(meta, results, impls):
             continue
         lines.append(f"| {d} | {'yes' if causal else 'no'} | {batch} | {heads} | {seq} | " + " | ".join(cells) + " |")
 
-    stage_names = [i for i in shown if i.startswith("stage")]
-    if meta["dtype"] != "float32" and "sdpa-flash" in shown and stage_names:
-        lines += ["", f"Forward speed over sdpa-flash (FlashAttention-2) in the same run, per cell, and the geometric "
-                  f"mean over the cells with N >= 1024:", "",
-                  "| d | causal | N | " + " | ".join(f"{i} / flash" for i in stage_names) + " | sdpa-cudnn / flash |",
-                  "|---|---|---|" + "---|" * (len(stage_names) + 1)]
-        ratios = {i: [] for i in stage_names + ["sdpa-cudnn"]}
+    for direction in ("forward", "backward"):
+        stage_names = [i for i in shown if i.startswith("stage") and
+                       any(r["impl"] == i and r["direction"] == direction and r["status"] == "ok" for r in results)]
+        if meta["dtype"] == "float32" or "sdpa-flash" not in shown or not stage_names:
+            continue
+        others = ["sdpa-cudnn"]
+        lines += ["", f"{direction.capitalize()} speed over sdpa-flash (FlashAttention-2) in the same run, per cell, "
+                  f"and the geometric mean over the cells with N >= 1024:", "",
+                  "| d | causal | N | " + " | ".join(f"{i} / flash" for i in stage_names + others) + " |",
+                  "|---|---|---|" + "---|" * (len(stage_names) + len(others))]
+        ratios = {i: [] for i in stage_names + others}
         for d, causal, seq, batch, heads in configs:
-            base = ok.get(("sdpa-flash", "forward", d, causal, seq))
+            base = ok.get(("sdpa-flash", direction, d, causal, seq))
             if not base or base["status"] != "ok":
                 continue
             cells = []
-            for impl in stage_names + ["sdpa-cudnn"]:
-                r = ok.get((impl, "forward", d, causal, seq))
+            for impl in stage_names + others:
+                r = ok.get((impl, direction, d, causal, seq))
                 if r and r["status"] == "ok":
                     ratio = base["median_ms"] / r["median_ms"]
                     if seq >= 1024:

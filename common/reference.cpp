@@ -122,7 +122,14 @@ ForwardRows forward(const harness::Problem& p, const harness::HostInputs& in) {
 //   dV_j += P_j dO;   dP_j = dO . V_j;   dS_j = P_j (dP_j - sum_k P_k dP_k);
 //   dQ += scale sum_j dS_j K_j;   dK_j += scale dS_j Q.
 // Rows are processed one (b, kv head) group at a time so that the dK / dV sums have one writer.
-Gradients backward(const harness::Problem& p, const harness::HostInputs& in) {
+// With rounded = true, S, P, dP, dS and the gradients are each rounded to p.dtype where PyTorch stores
+// them in that dtype (backward_in_dtype).
+namespace {
+
+Gradients backward_impl(const harness::Problem& p, const harness::HostInputs& in, bool rounded) {
+  auto stored = [&](double x) {
+    return rounded ? static_cast<double>(harness::round_to(p.dtype, static_cast<float>(x))) : x;
+  };
   Gradients g;
   g.dq.assign(in.q.size(), 0.0);
   g.dk.assign(in.k.size(), 0.0);
@@ -135,7 +142,9 @@ Gradients backward(const harness::Problem& p, const harness::HostInputs& in) {
     for (long long row = first_head * p.seq_q; row < (first_head + group) * p.seq_q; ++row) {
       const RowIndex r = index_row(p, row);
       std::vector<double> prob = row_scores(p, in, r);
+      for (double& s : prob) s = stored(s);
       softmax_in_place(prob);
+      for (double& x : prob) x = stored(x);
       std::vector<double> dp(r.key_end, 0.0);
       double p_dot_dp = 0.0;
       for (int j = 0; j < r.key_end; ++j) {
@@ -145,11 +154,12 @@ Gradients backward(const harness::Problem& p, const harness::HostInputs& in) {
           g.dv[kv + c] += prob[j] * d_out;
           dp[j] += d_out * in.v[kv + c];
         }
+        dp[j] = stored(dp[j]);
         p_dot_dp += prob[j] * dp[j];
       }
       for (int j = 0; j < r.key_end; ++j) {
         const long long kv = r.kv_offset + static_cast<long long>(j) * p.head_dim;
-        const double ds = prob[j] * (dp[j] - p_dot_dp);
+        const double ds = stored(prob[j] * (dp[j] - p_dot_dp));
         for (int c = 0; c < p.head_dim; ++c) {
           g.dq[r.q_offset + c] += scale * ds * in.k[kv + c];
           g.dk[kv + c] += scale * ds * in.q[r.q_offset + c];
@@ -157,7 +167,28 @@ Gradients backward(const harness::Problem& p, const harness::HostInputs& in) {
       }
     }
   });
+  if (rounded)
+    for (std::vector<double>* t : {&g.dq, &g.dk, &g.dv})
+      for (double& x : *t) x = stored(x);
   return g;
+}
+
+}  // namespace
+
+Gradients backward(const harness::Problem& p, const harness::HostInputs& in) { return backward_impl(p, in, false); }
+
+Gradients backward_in_dtype(const harness::Problem& p, const harness::HostInputs& in) {
+  return backward_impl(p, in, true);
+}
+
+HalfGradientCheck check_half_gradient(const std::vector<float>& got, const std::vector<double>& exact,
+                                      const std::vector<double>& baseline) {
+  const std::vector<float> baseline_f(baseline.begin(), baseline.end());
+  HalfGradientCheck c;
+  c.error = harness::compare(got, exact);
+  c.baseline_max_abs = harness::compare(baseline_f, exact).max_abs;
+  c.bound = kHalfErrorFactor * c.baseline_max_abs + kHalfGradientSlack;
+  return c;
 }
 
 }  // namespace reference

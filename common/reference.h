@@ -57,4 +57,33 @@ struct Gradients {
 // needs no O or lse. Runs on every host core.
 Gradients backward(const harness::Problem& p, const harness::HostInputs& in);
 
+// The same gradients computed the way PyTorch's autograd through its composite (math) attention
+// computes them in a half dtype: fp64 arithmetic, but every tensor PyTorch stores in p.dtype between
+// its kernels rounded to it: the scores S and the probabilities P of the forward; dP = dO V^T and
+// dS = P o (dP - D) of the backward (D = sum_j P_ij dP_ij in fp64, as the softmax backward keeps it
+// in fp32); and dQ, dK, dV themselves. Its error against backward() is the error of an honest
+// half-precision backward: the baseline of the rule below, as forward_rows_in_dtype is the forward's.
+// (PyTorch also rounds q and k after multiplying each by sqrt(scale), an implementation detail left
+// out here; the Python tests hold the stages to PyTorch itself.)
+Gradients backward_in_dtype(const harness::Problem& p, const harness::HostInputs& in);
+
+// The backward's absolute term of the FlashAttention rule: a gradient's max error may be at most
+// kHalfErrorFactor times the baseline's plus this. Larger than the forward's kHalfErrorSlack because
+// where an exact gradient is zero (one visible key: P = 1, dS = dP - D = 0) the baseline is exact
+// too, while an fp32 kernel keeps the rounding of dP - D: d products of fp32 sums of about |dO||V|
+// (~sqrt(d) ~ 10), about 1e-6 each, summed over up to a few thousand rows into dK. 1e-4 covers that
+// with a factor of 10 and is still about 1% of a typical gradient element.
+constexpr double kHalfGradientSlack = 1e-4;
+// The rule applied to one gradient: the stage's error and the baseline's against the exact result.
+struct HalfGradientCheck {
+  harness::ErrorStats error;      // the stage's gradient against the exact fp64 one
+  double baseline_max_abs = 0.0;  // backward_in_dtype's max error against the exact one
+  double bound = 0.0;             // kHalfErrorFactor * baseline_max_abs + kHalfGradientSlack
+  // True when every element is finite and the max error is within the bound.
+  bool passes() const { return error.nonfinite == 0 && error.max_abs <= bound; }
+};
+// got (a stage's gradient) against exact (backward()'s) with baseline (backward_in_dtype()'s).
+HalfGradientCheck check_half_gradient(const std::vector<float>& got, const std::vector<double>& exact,
+                                      const std::vector<double>& baseline);
+
 }  // namespace reference

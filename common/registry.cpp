@@ -13,6 +13,7 @@
 #include "08_tensor_cores/tensor_cores.h"
 #include "09_swizzle_pipeline/swizzle_pipeline.h"
 #include "10_flash2/flash2.h"
+#include "11_backward_tc/backward_tc.h"
 #include "13_decoding/decoding.h"
 
 // The exercises' entry points. exercises/NN_name/*.cu is its stage's source compiled with
@@ -71,6 +72,25 @@ flash::Status fp32_forward(const void* q, const void* k, const void* v, void* o,
                   workspace, workspace_bytes, stream);
 }
 
+using Fp32Backward = flash::Status (*)(const float*, const float*, const float*, const float*, const float*,
+                                       const float*, float*, float*, float*, int, int, int, int, int, int, float, bool,
+                                       void*, size_t, cudaStream_t);
+
+// An fp32 stage's backward in the registry's signature, as fp32_forward. deterministic is not passed
+// on: these backwards have no atomics, so they are deterministic whatever it says.
+template <Fp32Backward kBackward>
+flash::Status fp32_backward(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                            const void* d_o, void* dq, void* dk, void* dv, int batch, int heads_q, int heads_kv,
+                            int seq_q, int seq_kv, int head_dim, float scale, bool causal, DType dtype,
+                            bool /*deterministic*/, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  if (dtype != DType::kFp32)
+    return flash::make_status(flash::StatusCode::kDtypeNotSupported, "dtype", static_cast<long long>(dtype));
+  return kBackward(static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
+                   static_cast<const float*>(o), lse, static_cast<const float*>(d_o), static_cast<float*>(dq),
+                   static_cast<float*>(dk), static_cast<float*>(dv), batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                   scale, causal, workspace, workspace_bytes, stream);
+}
+
 }  // namespace
 
 const std::vector<Stage>& stages() {
@@ -92,7 +112,7 @@ const std::vector<Stage>& stages() {
          true, {DType::kFp32}, {32, 64, 128}, fp32_forward<stage06::forward>, stage06::forward_workspace_size},
         {7, "07_backward", "backward", "dQ, dK, dV by recomputing P from the stored lse: O(N) memory, no atomics", true,
          {DType::kFp32}, {32, 64, 128}, fp32_forward<stage07::forward>, stage07::forward_workspace_size,
-         stage07::backward, stage07::backward_workspace_size},
+         fp32_backward<stage07::backward>, stage07::backward_workspace_size},
         {8, "08_tensor_cores", "tensor cores",
          "fp16/bf16 on the tensor cores: mma.sync m16n8k16, ldmatrix, S and O in registers, P converted in registers",
          true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage08::forward, stage08::forward_workspace_size},
@@ -102,7 +122,13 @@ const std::vector<Stage>& stages() {
         {10, "10_flash2", "flash2",
          "FlashAttention-2 tuning: exp2 with log2(e) folded in, a tile shape per head_dim, longest causal tiles first",
          true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage10::forward, stage10::forward_workspace_size},
-        // 11 (backward on the tensor cores) and 12 (Hopper) are planned; 13 keeps its number.
+        // Stage 11 is a backward only: its forward is stage 10's, which writes the lse it reads (the
+        // stage folder stays self-contained; the pairing is made here).
+        {11, "11_backward_tc", "backward tc",
+         "dQ, dK, dV on the tensor cores, parallel over K/V tiles; dQ by fp32 atomics, or a deterministic pass",
+         true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage10::forward, stage10::forward_workspace_size,
+         stage11::backward, stage11::backward_workspace_size},
+        // 12 (Hopper) is planned; 13 keeps its number.
         {13, "13_decoding", "decoding",
          "split-KV decoding: a few new queries against a long (and paged) KV cache, split across blocks, merged "
          "as in 03",
@@ -117,6 +143,9 @@ const std::vector<Stage>& stages() {
     // The tensor-core stages, as their forward checks (mma.sync with bf16, ldmatrix, cp.async).
     for (Stage& s : list)
       if (s.number >= 8) s.min_compute_capability = 80;
+    // Stage 11 sums dQ with atomics unless asked to be deterministic.
+    for (Stage& s : list)
+      if (s.number == 11) s.backward_atomic = true;
     // The decoding stage: a few query rows, and a second entry point over a paged cache.
     Stage& decoding = list.back();
     decoding.max_seq_q = stage13::kMaxSeqQ;
@@ -168,7 +197,7 @@ const std::vector<Stage>& exercises() {
         exercise(7, fp32_forward<stage07::forward>, stage07::forward_workspace_size,
                  "exercises/07_backward/backward.cu", stage07::forward_tiles),
     };
-    list.back().backward = exercise07::backward;
+    list.back().backward = fp32_backward<exercise07::backward>;
     list.back().backward_workspace_size = exercise07::backward_workspace_size;
     list.back().backward_tiles = exercise07::backward_tiles;
     return list;
@@ -221,7 +250,9 @@ const Stage* find(int number) {
 const Stage* previous(const Stage& stage, const harness::Problem& p) {
   const Stage* prev = nullptr;
   for (const Stage& s : stages())
-    if (s.number < stage.number && s.supports(s.in_own_dtype(p))) prev = &s;
+    // A stage whose forward is the one before it (stage 11 runs stage 10's) adds no forward of its own.
+    if (s.number < stage.number && s.supports(s.in_own_dtype(p)) && !(prev && prev->forward == s.forward))
+      prev = &s;
   return prev;
 }
 
@@ -249,24 +280,28 @@ ForwardResult run_forward(const Stage& stage, const harness::Problem& p, const h
 }
 
 BackwardResult run_backward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in,
-                            float lse_offset) {
+                            float lse_offset, bool deterministic) {
   BackwardResult r;
-  if (p.dtype != DType::kFp32) throw std::invalid_argument("run_backward: the backward stages are fp32");
+  if (in.dtype() != p.dtype) throw std::invalid_argument("run_backward: inputs are not in the problem's dtype");
   const ForwardResult fwd = run_forward(stage, p, in);
   r.status = fwd.status;
   if (!r.status.ok()) return r;
   std::vector<float> lse = fwd.lse;
   for (float& x : lse) x += lse_offset;
-  const harness::DeviceBuffer<float> o(fwd.o), lse_dev(lse);
-  harness::DeviceBuffer<float> dq(p.q_elems()), dk(p.kv_elems()), dv(p.kv_elems());
+  // O came back as floats; in a half dtype every one of them is a value of that dtype, so the upload
+  // gives the backward exactly the forward's O.
+  const harness::DeviceTensor o(p.dtype, fwd.o);
+  const harness::DeviceBuffer<float> lse_dev(lse);
+  harness::DeviceTensor dq(p.dtype, static_cast<size_t>(p.q_elems())), dk(p.dtype, static_cast<size_t>(p.kv_elems())),
+      dv(p.dtype, static_cast<size_t>(p.kv_elems()));
   harness::DeviceBuffer<unsigned char> workspace(stage.backward_workspace_bytes(p));
   dq.poison();
   dk.poison();
   dv.poison();
-  auto fp32 = [](const harness::DeviceTensor& t) { return static_cast<const float*>(t.get()); };
-  r.status = stage.backward(fp32(in.q), fp32(in.k), fp32(in.v), o.get(), lse_dev.get(), fp32(in.d_out), dq.get(),
+  r.status = stage.backward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse_dev.get(), in.d_out.get(), dq.get(),
                             dk.get(), dv.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim,
-                            p.softmax_scale(), p.causal, workspace.get(), workspace.bytes(), nullptr);
+                            p.softmax_scale(), p.causal, p.dtype, deterministic, workspace.get(), workspace.bytes(),
+                            nullptr);
   if (r.status.ok()) r.status = flash::cuda_status(cudaDeviceSynchronize());
   if (!r.status.ok()) return r;
   r.dq = dq.download();

@@ -36,11 +36,16 @@ using PagedForwardFn = flash::Status (*)(const void* q, const void* k_pages, con
 // The workspace bytes of PagedForwardFn for these sizes.
 using PagedWorkspaceFn = size_t (*)(int batch, int heads_q, int heads_kv, int seq_q, int head_dim, int page_size,
                                     int max_pages_per_seq);
-// dQ, dK, dV from dO, given the forward's O and lse (stage 07 on).
-using BackwardFn = flash::Status (*)(const float* q, const float* k, const float* v, const float* o, const float* lse,
-                                     const float* d_o, float* dq, float* dk, float* dv, int batch, int heads_q,
+// dQ, dK, dV from dO, given the forward's O and lse (stage 07 on), with the tensors untyped and their
+// dtype named, as ForwardFn: stage 11's signature; stage 07's backward(const float*, ...) is wrapped
+// into it by registry.cpp, refusing any dtype but fp32. deterministic = true asks for the same bits
+// from the same inputs; a stage whose backward never uses atomics (07) is deterministic either way
+// (Stage::backward_atomic says which).
+using BackwardFn = flash::Status (*)(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                                     const void* d_o, void* dq, void* dk, void* dv, int batch, int heads_q,
                                      int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal,
-                                     void* workspace, size_t workspace_bytes, cudaStream_t stream);
+                                     flash::DType dtype, bool deterministic, void* workspace, size_t workspace_bytes,
+                                     cudaStream_t stream);
 
 // One stage of the course: what it is, what it accepts and its entry points.
 struct Stage {
@@ -55,6 +60,10 @@ struct Stage {
   WorkspaceFn forward_workspace_size;  // the bytes forward needs; never null
   BackwardFn backward = nullptr;  // null: the stage has no backward
   WorkspaceFn backward_workspace_size = nullptr;  // null exactly when backward is
+  // True where the backward's default mode (deterministic = false) sums a gradient with atomic adds,
+  // so that two runs on the same inputs may differ in the last bits (stage 11's dQ); false where
+  // every gradient element has one writer whatever the flag (stage 07).
+  bool backward_atomic = false;
   // Stages 04-07, whose tiles depend on the GPU's shared memory per block: the tiles forward launches
   // for a head_dim and limit. Null for a stage with one configuration, whatever the GPU.
   TilesFn forward_tiles = nullptr;
@@ -93,9 +102,9 @@ struct Stage {
 };
 
 // Every stage in course order, built on first use; the references stay valid until the program ends.
-// The numbers have gaps where a planned stage is not written yet (11 and 12 come before 13).
+// The numbers have gaps where a planned stage is not written yet (12 comes before 13).
 const std::vector<Stage>& stages();
-// The stage numbers for a message: runs of consecutive numbers joined, e.g. "1 to 10, 13".
+// The stage numbers for a message: runs of consecutive numbers joined, e.g. "1 to 11, 13".
 std::string stage_numbers();
 // The stage with that number, or null when there is none.
 const Stage* find(int number);
@@ -105,7 +114,9 @@ const std::vector<Stage>& exercises();
 // The exercise of stage `number`, or null when there is none.
 const Stage* find_exercise(int number);
 // The nearest earlier stage that supports the same problem in some dtype (stage 08 in bf16 is
-// compared with stage 07 in fp32 on the same rounded inputs), or null for the first.
+// compared with stage 07 in fp32 on the same rounded inputs), or null for the first. A stage that
+// reuses the forward of the stage before it (11, a backward only, runs 10's) is passed over: stage
+// 13's previous is 10.
 const Stage* previous(const Stage& stage, const harness::Problem& p);
 
 // What run_forward brings back to the host.
@@ -126,11 +137,12 @@ struct BackwardResult {
   flash::Status status;           // the first failure of forward, backward or synchronize, else ok
   std::vector<float> dq, dk, dv;  // shaped like q, k, v; empty unless status is ok
 };
-// The stage's forward (for O and lse), then its backward with the inputs' d_out; gradients are
-// poisoned with NaN first. lse_offset is added to the forward's lse before the backward: tests use
-// it to show the backward really reads lse. Only for a stage with a backward.
+// The stage's forward (for O and lse), then its backward with the inputs' d_out, in p's dtype (in's
+// dtype must be p's); gradients are poisoned with NaN first and come back as floats. lse_offset is
+// added to the forward's lse before the backward: tests use it to show the backward really reads
+// lse. deterministic is passed to the backward. Only for a stage with a backward.
 BackwardResult run_backward(const Stage& stage, const harness::Problem& p, const harness::DeviceInputs& in,
-                            float lse_offset = 0.0f);
+                            float lse_offset = 0.0f, bool deterministic = false);
 
 // How GoogleTest prints a stage in a failure message.
 inline void PrintTo(const Stage& s, std::ostream* os) {

@@ -96,6 +96,22 @@ __device__ inline uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// pack2's inverse: the two 16-bit floats of one register, low half first, as fp32 (exactly).
+template <typename Element>
+__device__ inline float2 unpack2(uint32_t packed);
+
+// Two fp16 values of one register as fp32.
+template <>
+__device__ inline float2 unpack2<__half>(uint32_t packed) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&packed));
+}
+
+// Two bf16 values of one register as fp32.
+template <>
+__device__ inline float2 unpack2<__nv_bfloat16>(uint32_t packed) {
+  return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&packed));
+}
+
 // cp.async.cg: 16 bytes from global to shared memory without passing through registers, and
 // without waiting: the copy completes in the background. With valid = false nothing is read and
 // the 16 bytes are zero-filled (src-size 0), which is how a tile past the end of the sequence is
@@ -120,6 +136,27 @@ template <int kPending>
 __device__ inline void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#endif
+}
+
+// red.global.add.f32: *address += value in global memory, atomically, without returning the old
+// value (a reduction, not an atomic exchange: the warp does not wait for the result). Additions from
+// different threads land in whatever order the memory system sees them, and fp32 addition is not
+// associative: the sum is the same up to rounding, not bit for bit, from one run to the next.
+__device__ inline void red_add_f32(float* address, float value) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("red.global.add.f32 [%0], %1;\n" ::"l"(address), "f"(value));
+#endif
+}
+
+// Two adjacent floats (address 8-byte aligned) added as red_add_f32 does. Hopper (sm_90) has the
+// vector form, red.global.add.v2.f32, one instruction for both; older GPUs issue two scalar ones.
+__device__ inline void red_add_f32x2(float* address, float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(address), "f"(lo), "f"(hi));
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  red_add_f32(address, lo);
+  red_add_f32(address + 1, hi);
 #endif
 }
 

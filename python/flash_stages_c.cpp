@@ -66,7 +66,7 @@ int fail(int code, const std::string& msg, char* message, size_t message_bytes) 
   return code;
 }
 
-// "1 to 10, 13": the stage numbers, with the gap where planned stages are not written yet.
+// "1 to 11, 13": the stage numbers, with the gap where a planned stage is not written yet.
 std::string stage_range() { return registry::stage_numbers(); }
 
 // The stage with this course number, or null with the message written.
@@ -194,13 +194,14 @@ int flash_stages_info(int index, int* number, const char** folder, const char** 
   }
 }
 
-int flash_stages_limits(int index, int* max_seq_q, int* paged) {
+int flash_stages_limits(int index, int* max_seq_q, int* paged, int* backward_atomic) {
   try {
     const auto& all = registry::stages();
     if (index < 0 || index >= static_cast<int>(all.size())) return FLASH_STAGES_INVALID_ARGUMENT;
     const registry::Stage& s = all[static_cast<size_t>(index)];
     if (max_seq_q) *max_seq_q = s.max_seq_q;
     if (paged) *paged = s.forward_paged ? 1 : 0;
+    if (backward_atomic) *backward_atomic = s.backward_atomic ? 1 : 0;
     return FLASH_STAGES_SUCCESS;
   } catch (...) {
     return FLASH_STAGES_INTERNAL_ERROR;
@@ -317,19 +318,21 @@ int flash_stages_forward_paged(int stage, const void* q, const void* k_pages, co
 
 int flash_stages_backward(int stage, const void* q, const void* k, const void* v, const void* o, const float* lse,
                           const void* d_o, void* dq, void* dk, void* dv, int batch, int heads_q, int heads_kv,
-                          int seq_q, int seq_kv, int head_dim, float scale, int causal, void* workspace,
-                          size_t workspace_bytes, int device, void* stream, char* message, size_t message_bytes) {
+                          int seq_q, int seq_kv, int head_dim, float scale, int causal, int dtype, int deterministic,
+                          void* workspace, size_t workspace_bytes, int device, void* stream, char* message,
+                          size_t message_bytes) {
   try {
     int code = 0;
     const registry::Stage* s = find_backward_stage(stage, message, message_bytes, &code);
     if (!s) return code;
     const DeviceGuard guard(device);
     if (!guard.status().ok()) return finish(guard.status(), message, message_bytes);
-    const flash::Status st = s->backward(
-        static_cast<const float*>(q), static_cast<const float*>(k), static_cast<const float*>(v),
-        static_cast<const float*>(o), lse, static_cast<const float*>(d_o), static_cast<float*>(dq),
-        static_cast<float*>(dk), static_cast<float*>(dv), batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
-        causal != 0, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
+    if (dtype < FLASH_STAGES_FP32 || dtype > FLASH_STAGES_BF16)
+      return finish(flash::make_status(StatusCode::kInvalidArgument, "dtype", dtype), message, message_bytes);
+    const flash::Status st =
+        s->backward(q, k, v, o, lse, d_o, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
+                    causal != 0, static_cast<flash::DType>(dtype), deterministic != 0, workspace, workspace_bytes,
+                    static_cast<cudaStream_t>(stream));
     return finish(st, message, message_bytes);
   } catch (const std::exception& e) {
     return internal_error(e.what(), message, message_bytes);

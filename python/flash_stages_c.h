@@ -39,8 +39,10 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature below changes or one is added; the Python package refuses a library of
- * another. 3: flash_stages_limits and the paged entry point (stage 13). */
-#define FLASH_STAGES_C_ABI_VERSION 3
+ * another. 3: flash_stages_limits and the paged entry point (stage 13). 4: flash_stages_backward takes
+ * the dtype and the deterministic flag (stage 11, the half-precision backward), flash_stages_limits
+ * says whether a backward uses atomics. */
+#define FLASH_STAGES_C_ABI_VERSION 4
 
 /* Element types: the values of flash::DType. lse is always fp32. */
 enum { FLASH_STAGES_FP32 = 0, FLASH_STAGES_FP16 = 1, FLASH_STAGES_BF16 = 2 };
@@ -81,9 +83,11 @@ FLASH_STAGES_C_API int flash_stages_info(int index, int* number, const char** fo
                                          int* head_dims, int head_dims_capacity, int* num_head_dims);
 
 /* What the stage at position `index` takes beyond flash_stages_info: *max_seq_q the most query rows
- * per head (0: any; 16 for the decoding stage), *paged 1 when it has flash_stages_forward_paged. Either
- * pointer may be null. Returns FLASH_STAGES_INVALID_ARGUMENT for an index out of range. */
-FLASH_STAGES_C_API int flash_stages_limits(int index, int* max_seq_q, int* paged);
+ * per head (0: any; 16 for the decoding stage), *paged 1 when it has flash_stages_forward_paged,
+ * *backward_atomic 1 when its backward's default mode sums with atomics (deterministic = 0 may then
+ * differ in the last bits from run to run; stage 11). Any pointer may be null. Returns
+ * FLASH_STAGES_INVALID_ARGUMENT for an index out of range. */
+FLASH_STAGES_C_API int flash_stages_limits(int index, int* max_seq_q, int* paged, int* backward_atomic);
 
 /* The device workspace, in bytes, that one forward (backward) call of `stage` needs for this
  * problem; 0 for stages that need none. Sizes must be >= 1 and heads_q a multiple of heads_kv. */
@@ -121,13 +125,16 @@ FLASH_STAGES_C_API int flash_stages_forward_paged(int stage, const void* q, cons
                                                   int causal, int dtype, void* workspace, size_t workspace_bytes,
                                                   int device, void* stream, char* message, size_t message_bytes);
 
-/* dQ, dK, dV from dO, given the forward's O and lse. */
+/* dQ, dK, dV from dO, given the forward's O and lse; q, k, v, o, d_o, dq, dk, dv all of element type
+ * dtype. deterministic: 1 asks for the same bits from the same inputs (stage 11 then computes dQ
+ * without atomics, in a second pass); 0 lets a stage sum with atomics. A stage without atomics
+ * (07) gives the same bits either way. */
 FLASH_STAGES_C_API int flash_stages_backward(int stage, const void* q, const void* k, const void* v, const void* o,
                                              const float* lse, const void* d_o, void* dq, void* dk, void* dv,
                                              int batch, int heads_q, int heads_kv, int seq_q, int seq_kv,
-                                             int head_dim, float scale, int causal, void* workspace,
-                                             size_t workspace_bytes, int device, void* stream, char* message,
-                                             size_t message_bytes);
+                                             int head_dim, float scale, int causal, int dtype, int deterministic,
+                                             void* workspace, size_t workspace_bytes, int device, void* stream,
+                                             char* message, size_t message_bytes);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "reference.h"
 
@@ -167,5 +168,59 @@ TEST_P(ReferenceBackward, MatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(CausalOffOn, ReferenceBackward, ::testing::Bool());
+
+// The half-precision baseline of the backward (backward_in_dtype): in bf16 it differs from the exact
+// gradients by the rounding of its stored tensors, more than fp32 rounding and far less than a wrong
+// formula; and it keeps every exact zero (one visible key: P = 1 exactly, dS = dP - D = 0).
+TEST(ReferenceBackwardInDtype, Bf16BaselineIsCloseButNotExact) {
+  harness::Problem p = small_problem(40, 50, 32, true);
+  p.batch = 2;
+  p.heads_q = 4;
+  p.heads_kv = 2;
+  p.dtype = flash::DType::kBf16;
+  const harness::HostInputs in = harness::make_inputs(p, 22);
+  const reference::Gradients exact = reference::backward(p, in);
+  const reference::Gradients rounded = reference::backward_in_dtype(p, in);
+  for (const auto& [name, x, r] : {std::tuple{"dq", &rounded.dq, &exact.dq}, {"dk", &rounded.dk, &exact.dk},
+                                   {"dv", &rounded.dv, &exact.dv}}) {
+    const harness::ErrorStats err = harness::compare(std::vector<float>(x->begin(), x->end()), *r);
+    EXPECT_GT(err.rel_l2, 1e-4) << name << ": bf16 rounding should show, " << err.describe();
+    EXPECT_LT(err.rel_l2, 3e-2) << name << ": more than rounding, " << err.describe();
+  }
+  // Each gradient rounded to bf16 at the end: every element is a bf16 value.
+  for (double x : rounded.dk) EXPECT_EQ(static_cast<float>(x), harness::round_to(p.dtype, static_cast<float>(x)));
+
+  harness::Problem one_key = small_problem(3, 1, 32);
+  one_key.dtype = flash::DType::kBf16;
+  const harness::HostInputs in1 = harness::make_inputs(one_key, 23);
+  const reference::Gradients zero = reference::backward_in_dtype(one_key, in1);
+  for (double x : zero.dq) EXPECT_EQ(x, 0.0);
+  for (double x : zero.dk) EXPECT_EQ(x, 0.0);
+}
+
+// In fp32 the "rounded" baseline differs from the exact gradients only by fp32 rounding.
+TEST(ReferenceBackwardInDtype, Fp32BaselineIsTheExactOneToFp32) {
+  harness::Problem p = small_problem(17, 33, 64, false);
+  const harness::HostInputs in = harness::make_inputs(p, 24);
+  const reference::Gradients exact = reference::backward(p, in);
+  const reference::Gradients rounded = reference::backward_in_dtype(p, in);
+  const harness::ErrorStats err = harness::compare(std::vector<float>(rounded.dq.begin(), rounded.dq.end()), exact.dq);
+  EXPECT_LT(err.rel_l2, 1e-6) << err.describe();
+}
+
+// The rule's arithmetic: bound = 2 * baseline + slack, and a non-finite element fails whatever its size.
+TEST(ReferenceBackwardInDtype, RuleBoundAndNonFinite) {
+  const std::vector<double> exact = {1.0, -2.0, 0.5};
+  const std::vector<double> baseline = {1.0 + 1e-3, -2.0, 0.5};
+  const std::vector<float> within = {1.0f + 2e-3f, -2.0f, 0.5f};
+  const std::vector<float> past = {1.0f, -2.0f + 3e-3f, 0.5f};
+  const reference::HalfGradientCheck a = reference::check_half_gradient(within, exact, baseline);
+  EXPECT_NEAR(a.baseline_max_abs, 1e-3, 1e-6);  // the baseline is compared as floats
+  EXPECT_NEAR(a.bound, 2e-3 + reference::kHalfGradientSlack, 2e-6);
+  EXPECT_TRUE(a.passes()) << a.error.describe();
+  EXPECT_FALSE(reference::check_half_gradient(past, exact, baseline).passes());
+  const std::vector<float> nan = {1.0f, std::numeric_limits<float>::quiet_NaN(), 0.5f};
+  EXPECT_FALSE(reference::check_half_gradient(nan, exact, baseline).passes());
+}
 
 }  // namespace

@@ -403,27 +403,62 @@ std::vector<Case> backward_sweep() {
   for (const registry::Stage* entry : stages_and_exercises()) {
     const registry::Stage& stage = *entry;
     if (!stage.backward) continue;
-    for (int head_dim : {32, 64, 128})
-      for (bool causal : {false, true}) {
-        for (const auto& h : heads)
-          for (const auto& [seq_q, seq_kv] : seqs) {
-            cases.push_back(case_of(stage, {h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal}));
-          }
-        for (const auto& [seq_q, seq_kv] : {std::pair{1000, 1000}, {1024, 1000}, {1000, 2049}}) {
-          cases.push_back(case_of(stage, {1, 1, 1, seq_q, seq_kv, head_dim, causal}));
+    for (flash::DType dtype : stage.dtypes)
+      for (int head_dim : {32, 64, 128})
+        for (bool causal : {false, true}) {
+          auto add = [&](harness::Problem p) {
+            p.dtype = dtype;
+            if (stage.supports(p)) cases.push_back(case_of(stage, p));
+          };
+          for (const auto& h : heads)
+            for (const auto& [seq_q, seq_kv] : seqs) add({h[0], h[1], h[2], seq_q, seq_kv, head_dim, causal});
+          for (const auto& [seq_q, seq_kv] : {std::pair{1000, 1000}, {1024, 1000}, {1000, 2049}})
+            add({1, 1, 1, seq_q, seq_kv, head_dim, causal});
         }
-      }
   }
   return cases;
 }
 
 class BackwardSweep : public StageSweep {};
 
+// A half-precision backward (stage 11) by FlashAttention's rule, per gradient: its max error against
+// the fp64 gradients at most twice that of the same backward computed with PyTorch's roundings in the
+// same dtype (reference::backward_in_dtype), plus reference::kHalfGradientSlack. The deterministic
+// mode is held to the same rule; where the stage sums with atomics, the default mode is too.
+void expect_half_gradients_match_reference(const registry::Stage& stage, const harness::Problem& p,
+                                           const harness::HostInputs& host, const registry::BackwardResult& got,
+                                           const char* mode) {
+  const reference::Gradients exact = reference::backward(p, host);
+  const reference::Gradients baseline = reference::backward_in_dtype(p, host);
+  for (const auto& [name, x, r, b] : {std::tuple{"dq", &got.dq, &exact.dq, &baseline.dq},
+                                      {"dk", &got.dk, &exact.dk, &baseline.dk},
+                                      {"dv", &got.dv, &exact.dv, &baseline.dv}}) {
+    const reference::HalfGradientCheck check = reference::check_half_gradient(*x, *r, *b);
+    EXPECT_TRUE(check.passes()) << stage.label() << " (" << mode << ") " << name << " vs reference: "
+                                << check.error.describe() << ", allowed max_abs " << check.bound << " (twice the "
+                                << check.baseline_max_abs << " of the backward computed in "
+                                << flash::dtype_name(p.dtype) << ", plus " << reference::kHalfGradientSlack << ")";
+    char max_abs[32];
+    std::snprintf(max_abs, sizeof max_abs, "%.3e/%.3e", check.error.max_abs, check.bound);
+    ::testing::Test::RecordProperty(std::string(name) + "_" + mode + "_max_abs_of_bound", max_abs);
+  }
+}
+
 TEST_P(BackwardSweep, MatchesReferenceGradients) {
   const registry::Stage& stage = stage_of(GetParam());
   const harness::Problem& p = GetParam().problem;
   const harness::HostInputs host = harness::make_inputs(p, kSeed);
-  const registry::BackwardResult got = registry::run_backward(stage, p, harness::DeviceInputs(host));
+  const harness::DeviceInputs dev(host, p.dtype);
+  if (p.dtype != flash::DType::kFp32) {
+    for (bool deterministic : {false, true}) {
+      if (!deterministic && !stage.backward_atomic) continue;  // one mode only: it is the same kernel
+      const registry::BackwardResult got = registry::run_backward(stage, p, dev, 0.0f, deterministic);
+      ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+      expect_half_gradients_match_reference(stage, p, host, got, deterministic ? "deterministic" : "default");
+    }
+    return;
+  }
+  const registry::BackwardResult got = registry::run_backward(stage, p, dev);
   ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
   const reference::Gradients ref = reference::backward(p, host);
   for (const auto& [name, x, r] : {std::tuple{"dq", &got.dq, &ref.dq}, {"dk", &got.dk, &ref.dk}, {"dv", &got.dv, &ref.dv}}) {
@@ -585,20 +620,27 @@ TEST_P(StageBelowSmallestTiles, IsRefusedNamingSharedMemoryAndTheGpu) {
       EXPECT_NE(message.find(part), std::string::npos) << "'" << message << "' should name " << part;
 
     if (!s.backward) continue;
-    // The backward on its own (the forward above was refused): checked before any launch as well.
-    harness::DeviceBuffer<float> o(p.q_elems()), lse(p.rows()), dq(p.q_elems()), dk(p.kv_elems()), dv(p.kv_elems());
+    // The backward on its own (the forward above was refused): checked before any launch as well, in
+    // both modes.
+    harness::DeviceTensor o(p.dtype, static_cast<size_t>(p.q_elems())), dq(p.dtype, static_cast<size_t>(p.q_elems())),
+        dk(p.dtype, static_cast<size_t>(p.kv_elems())), dv(p.dtype, static_cast<size_t>(p.kv_elems()));
+    harness::DeviceBuffer<float> lse(p.rows());
     harness::DeviceBuffer<unsigned char> workspace(s.backward_workspace_bytes(p));
-    auto fp32 = [](const harness::DeviceTensor& t) { return static_cast<const float*>(t.get()); };
-    flash::set_shared_memory_limit(kTinyLimit);
-    const flash::Status back =
-        s.backward(fp32(dev.q), fp32(dev.k), fp32(dev.v), o.get(), lse.get(), fp32(dev.d_out), dq.get(), dk.get(),
-                   dv.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), false,
-                   workspace.get(), workspace.bytes(), nullptr);
-    flash::set_shared_memory_limit(0);
-    ASSERT_EQ(back.code, flash::StatusCode::kSharedMemoryTooSmall) << flash::to_string(back);
-    flash::TileShape smallest;
-    ASSERT_TRUE(s.backward_tiles(d, flash::kDefaultSharedMemory, &smallest).ok());
-    EXPECT_EQ(back.required, static_cast<long long>(smallest.shared_bytes));
+    for (bool deterministic : {false, true}) {
+      flash::set_shared_memory_limit(kTinyLimit);
+      const flash::Status back =
+          s.backward(dev.q.get(), dev.k.get(), dev.v.get(), o.get(), lse.get(), dev.d_out.get(), dq.get(), dk.get(),
+                     dv.get(), p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), false,
+                     p.dtype, deterministic, workspace.get(), workspace.bytes(), nullptr);
+      flash::set_shared_memory_limit(0);
+      ASSERT_EQ(back.code, flash::StatusCode::kSharedMemoryTooSmall) << flash::to_string(back);
+      EXPECT_GT(back.required, static_cast<long long>(kTinyLimit));
+      if (s.backward_tiles) {  // the bytes needed are those of the smallest tiles
+        flash::TileShape smallest;
+        ASSERT_TRUE(s.backward_tiles(d, flash::kDefaultSharedMemory, &smallest).ok());
+        EXPECT_EQ(back.required, static_cast<long long>(smallest.shared_bytes));
+      }
+    }
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
 }
@@ -611,7 +653,14 @@ class StageBackward : public ::testing::TestWithParam<registry::Stage>, protecte
  protected:
   void SetUp() override {
     require_gpu();
+    if (IsSkipped()) return;
+    require_compute_capability(GetParam());
     trace(GetParam());
+  }
+  // sizes in the stage's first dtype
+  harness::Problem problem(harness::Problem sizes) const {
+    sizes.dtype = GetParam().dtypes.front();
+    return sizes;
   }
 };
 
@@ -619,8 +668,12 @@ harness::Problem tiny_problem(bool causal) { return {1, 2, 1, 5, 7, 32, causal};
 
 // The GPU gradients against central differences of the GPU forward itself: f = sum(O * dO).
 // In fp32 the difference quotient carries about eps * |f| / h of rounding, so the step is large
-// (1e-2) and the check loose (2e-3 relative); it catches wrong formulas, not last bits.
+// (1e-2) and the check loose (2e-3 relative); it catches wrong formulas, not last bits. In a half
+// dtype O is rounded to 2^-9 (bf16) relative: a difference quotient of it would be noise, so the
+// half stages are held to the fp64 reference by BackwardSweep instead.
 TEST_P(StageBackward, GradientMatchesFiniteDifferencesOfForward) {
+  if (GetParam().dtypes.front() != flash::DType::kFp32)
+    GTEST_SKIP() << GetParam().label() << " is a half-precision stage: BackwardSweep checks it against the reference";
   constexpr float kStep = 1e-2f;
   constexpr double kTolerance = 2e-3;
   for (bool causal : {false, true}) {
@@ -651,9 +704,9 @@ TEST_P(StageBackward, GradientMatchesFiniteDifferencesOfForward) {
 // The backward recomputes P from lse. Feeding it a wrong lse (off by log 2, i.e. P doubled) must
 // change the gradients: proof that lse is read and used.
 TEST_P(StageBackward, WrongLseChangesGradients) {
-  harness::Problem p = tiny_problem(false);
+  harness::Problem p = problem(tiny_problem(false));
   p.seq_q = p.seq_kv = 100;
-  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
+  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed), p.dtype);
   const registry::BackwardResult right = registry::run_backward(GetParam(), p, dev);
   const registry::BackwardResult wrong = registry::run_backward(GetParam(), p, dev, -std::log(2.0f));
   ASSERT_TRUE(right.status.ok() && wrong.status.ok());
@@ -661,25 +714,73 @@ TEST_P(StageBackward, WrongLseChangesGradients) {
   EXPECT_FALSE(harness::compare(wrong.dk, right.dk).within(0.1)) << harness::compare(wrong.dk, right.dk).describe();
 }
 
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// deterministic = true: the same inputs twice give the same bits, in every dtype of the stage, for
+// a GQA problem with the causal mask (dK, dV summed over the group) and odd lengths. A stage without
+// atomics (07) is deterministic whatever the flag, so it is run both ways.
 TEST_P(StageBackward, IsDeterministic) {
-  const harness::Problem p{2, 8, 2, 1000, 1024, 64, true};
-  const harness::DeviceInputs dev(harness::make_inputs(p, kSeed));
-  const registry::BackwardResult a = registry::run_backward(GetParam(), p, dev);
-  const registry::BackwardResult b = registry::run_backward(GetParam(), p, dev);
-  ASSERT_TRUE(a.status.ok() && b.status.ok());
-  EXPECT_EQ(0, std::memcmp(a.dq.data(), b.dq.data(), a.dq.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(a.dk.data(), b.dk.data(), a.dk.size() * sizeof(float)));
-  EXPECT_EQ(0, std::memcmp(a.dv.data(), b.dv.data(), a.dv.size() * sizeof(float)));
+  for (flash::DType dtype : GetParam().dtypes)
+    for (bool deterministic : {true, false}) {
+      if (!deterministic && GetParam().backward_atomic) continue;  // the next test is about that mode
+      harness::Problem p{2, 8, 2, 1000, 1024, 64, true};
+      p.dtype = dtype;
+      SCOPED_TRACE(std::string(flash::dtype_name(dtype)) + (deterministic ? ", deterministic" : ", default mode"));
+      const harness::DeviceInputs dev(harness::make_inputs(p, kSeed), p.dtype);
+      const registry::BackwardResult a = registry::run_backward(GetParam(), p, dev, 0.0f, deterministic);
+      const registry::BackwardResult b = registry::run_backward(GetParam(), p, dev, 0.0f, deterministic);
+      ASSERT_TRUE(a.status.ok() && b.status.ok());
+      EXPECT_TRUE(same_bits(a.dq, b.dq));
+      EXPECT_TRUE(same_bits(a.dk, b.dk));
+      EXPECT_TRUE(same_bits(a.dv, b.dv));
+    }
+}
+
+// The default mode of a stage that sums dQ with atomics: dK and dV have one writer each and are bit
+// for bit those of the deterministic mode (the same kernel computes them in the same order); dQ is
+// the same sum in another order, so two runs, and the deterministic run, agree to fp32 summation
+// order before the final rounding: at most one unit in the last place of the dtype per element
+// (an fp32 sum a rounding boundary apart), far inside agreement_tolerance.
+TEST_P(StageBackward, AtomicModeAgreesWithDeterministicMode) {
+  if (!GetParam().backward_atomic) GTEST_SKIP() << GetParam().label() << " has no atomics: IsDeterministic covers it";
+  for (flash::DType dtype : GetParam().dtypes)
+    for (bool causal : {false, true}) {
+      harness::Problem p{2, 8, 2, 1000, 1024, 64, causal};
+      p.dtype = dtype;
+      SCOPED_TRACE(std::string(flash::dtype_name(dtype)) + (causal ? ", causal" : ""));
+      const harness::DeviceInputs dev(harness::make_inputs(p, kSeed), p.dtype);
+      const registry::BackwardResult fixed = registry::run_backward(GetParam(), p, dev, 0.0f, true);
+      const registry::BackwardResult first = registry::run_backward(GetParam(), p, dev, 0.0f, false);
+      const registry::BackwardResult second = registry::run_backward(GetParam(), p, dev, 0.0f, false);
+      ASSERT_TRUE(fixed.status.ok() && first.status.ok() && second.status.ok());
+      EXPECT_TRUE(same_bits(first.dk, fixed.dk));
+      EXPECT_TRUE(same_bits(first.dv, fixed.dv));
+      EXPECT_TRUE(same_bits(second.dk, fixed.dk) && same_bits(second.dv, fixed.dv));
+      const double tolerance = harness::agreement_tolerance(p.dtype, p.dtype) / 10;
+      for (const auto* run : {&first, &second}) {
+        const harness::ErrorStats err = harness::compare(run->dq, fixed.dq);
+        EXPECT_TRUE(err.within(tolerance)) << "dQ, default vs deterministic mode: " << err.describe() << " (allowed "
+                                           << tolerance << ")";
+      }
+    }
 }
 
 // O(N) memory: seq 65536, one head. The score matrix would be 16 GiB; the backward's workspace is
-// one float per query row.
+// one float per query row, plus head_dim floats per row where dQ is summed with atomics.
 TEST_P(StageBackward, LongSequenceRunsInLinearMemory) {
-  const harness::Problem p{1, 1, 1, 65536, 65536, 64, false};
-  EXPECT_EQ(GetParam().backward_workspace_bytes(p), p.seq_q * sizeof(float));
-  const registry::BackwardResult got = registry::run_backward(GetParam(), p, harness::DeviceInputs(harness::make_inputs(p, kSeed)));
-  ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
-  EXPECT_EQ(harness::count_nonfinite(got.dq) + harness::count_nonfinite(got.dk) + harness::count_nonfinite(got.dv), 0u);
+  const harness::Problem p = problem({1, 1, 1, 65536, 65536, 64, false});
+  const size_t per_row = (GetParam().backward_atomic ? 1 + p.head_dim : 1) * sizeof(float);
+  EXPECT_EQ(GetParam().backward_workspace_bytes(p), p.seq_q * per_row);
+  for (bool deterministic : {false, true}) {
+    const registry::BackwardResult got = registry::run_backward(
+        GetParam(), p, harness::DeviceInputs(harness::make_inputs(p, kSeed), p.dtype), 0.0f, deterministic);
+    ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+    EXPECT_EQ(harness::count_nonfinite(got.dq) + harness::count_nonfinite(got.dk) + harness::count_nonfinite(got.dv),
+              0u);
+    if (!GetParam().backward_atomic) break;  // one mode
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

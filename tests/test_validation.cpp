@@ -10,6 +10,7 @@
 #include <iterator>
 #include <sstream>
 
+#include "11_backward_tc/backward_tc.h"
 #include "13_decoding/decoding.h"
 #include "registry.h"
 #include "stage_params.h"
@@ -51,11 +52,12 @@ struct BackwardCall : Call {
   float* dk = reinterpret_cast<float*>(std::uintptr_t{0x90000});
   float* dv = reinterpret_cast<float*>(std::uintptr_t{0xA0000});
   size_t backward_workspace_bytes;
+  bool deterministic = false;
   explicit BackwardCall(const registry::Stage& s)
       : Call(s), backward_workspace_bytes(s.backward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim)) {}
   flash::Status run(const registry::Stage& s) const {
     return s.backward(q, k, v, o, lse, d_o, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
-                      causal, workspace, backward_workspace_bytes, nullptr);
+                      causal, dtype, deterministic, workspace, backward_workspace_bytes, nullptr);
   }
 };
 
@@ -201,6 +203,80 @@ TEST_P(StageWithBackward, BackwardChecksShapesAndWorkspace) {
   expect(w, flash::StatusCode::kWorkspaceTooSmall, "needs " + std::to_string(needed));
 }
 
+// Each dtype the stage lacks is refused by the backward too, by name, before any launch; in either
+// mode (the deterministic flag changes no check).
+TEST_P(StageWithBackward, BackwardRefusesDtypeItLacks) {
+  int refused = 0;
+  for (flash::DType dtype : {flash::DType::kFp32, flash::DType::kFp16, flash::DType::kBf16}) {
+    if (stage().has_dtype(dtype)) continue;
+    for (bool deterministic : {false, true}) {
+      BackwardCall c(stage());
+      c.dtype = dtype;
+      c.deterministic = deterministic;
+      expect(c, flash::StatusCode::kDtypeNotSupported, std::string("dtype = ") + flash::dtype_name(dtype));
+    }
+    ++refused;
+  }
+  EXPECT_GT(refused, 0);
+}
+
+// The backward's workspace is O(N): at most one fp32 per query row for D plus, where dQ is summed
+// with atomics, head_dim fp32 per row for its accumulator (and 16 bytes of alignment).
+TEST_P(StageWithBackward, BackwardWorkspaceIsLinear) {
+  for (int seq : {1, 1000, 65536}) {
+    const size_t rows = 2u * 4u * static_cast<size_t>(seq);
+    const size_t bytes = stage().backward_workspace_size(2, 4, 2, seq, 3 * seq, 64);
+    EXPECT_GE(bytes, rows * sizeof(float)) << "seq " << seq;
+    EXPECT_LE(bytes, rows * (stage().backward_atomic ? 65 : 1) * sizeof(float) + 16) << "seq " << seq;
+  }
+  EXPECT_EQ(stage().backward_workspace_size(0, 4, 2, 10, 10, 64), 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage 11: the tensor-core backward, paired with stage 10's forward
+// ---------------------------------------------------------------------------------------------
+
+TEST(stage11_backward_tc, RegistryEntry) {
+  const registry::Stage* s = registry::find(11);
+  ASSERT_NE(s, nullptr);
+  EXPECT_STREQ(s->folder, "11_backward_tc");
+  EXPECT_EQ(s->dtypes, (std::vector<flash::DType>{flash::DType::kBf16, flash::DType::kFp16}));
+  EXPECT_EQ(s->head_dims, (std::vector<int>{32, 64, 128}));
+  EXPECT_TRUE(s->causal);
+  EXPECT_EQ(s->forward, registry::find(10)->forward) << "stage 11's forward is stage 10's";
+  const harness::Problem bf16{1, 2, 1, 100, 100, 64, true, std::numeric_limits<float>::quiet_NaN(),
+                              flash::DType::kBf16};
+  EXPECT_EQ(registry::previous(*s, bf16)->number, 10);
+  EXPECT_EQ(registry::previous(*registry::find(10), bf16)->number, 9);
+  EXPECT_NE(s->backward, nullptr);
+  EXPECT_TRUE(s->backward_atomic);
+  EXPECT_EQ(s->min_compute_capability, 80);
+  EXPECT_FALSE(registry::find(7)->backward_atomic);
+  // The workspace: D (rounded up to 16 bytes), then the fp32 dQ accumulator.
+  EXPECT_EQ(s->backward_workspace_size(1, 1, 1, 3, 5, 64), 16u + 3u * 64u * sizeof(float));
+  EXPECT_EQ(s->backward_workspace_size(2, 8, 2, 1000, 7, 128), 2u * 8u * 1000u * 129u * sizeof(float));
+}
+
+// What the lesson quotes: the shared memory of each kernel's block, per head_dim and mode.
+TEST(stage11_backward_tc, SharedMemoryPerBlock) {
+  // dk_dv_kernel: K, V (Bc = 128 keys), Q and dO double-buffered (Br rows), dS^T (default mode),
+  // lse2 and D double-buffered. Br = 64 at head_dim 32 and 64, 32 at 128.
+  auto key_tile = [](int d, int br, bool atomic) {
+    return static_cast<size_t>(2 * 128 * d * 2 + 2 * 2 * br * d * 2 + (atomic ? 128 : 1) * br * 2 + 2 * 2 * br * 4);
+  };
+  auto query_tile = [](int d) { return static_cast<size_t>(2 * 64 * d * 2 + 2 * 2 * 64 * d * 2); };
+  EXPECT_EQ(stage11::backward_shared_bytes(64, false), key_tile(64, 64, true));   // 82,944 (81 KiB)
+  EXPECT_EQ(stage11::backward_shared_bytes(128, false), key_tile(128, 32, true));  // 107,008 (104.5 KiB)
+  EXPECT_EQ(stage11::backward_shared_bytes(32, false), key_tile(32, 64, true));
+  EXPECT_EQ(stage11::backward_shared_bytes(64, true), std::max(key_tile(64, 64, false), query_tile(64)));
+  EXPECT_EQ(stage11::backward_shared_bytes(128, true), std::max(key_tile(128, 32, false), query_tile(128)));
+  EXPECT_EQ(stage11::backward_shared_bytes(48, false), 0u);
+  // Both modes fit an A100's 163 KiB per block; an RTX 30/40 card (99 KiB) runs head_dim 32 and 64.
+  for (int d : {32, 64, 128})
+    for (bool deterministic : {false, true}) EXPECT_LE(stage11::backward_shared_bytes(d, deterministic), 163u * 1024);
+  EXPECT_LE(stage11::backward_shared_bytes(64, false), 99u * 1024);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tiles per GPU: stages 04-07 take the largest of their tiles that fits the GPU's shared memory
 // ---------------------------------------------------------------------------------------------
@@ -330,9 +406,9 @@ TEST(stage13_decoding, RegistryEntry) {
   EXPECT_TRUE(s->causal);
   EXPECT_NE(s->forward_paged, nullptr);
   EXPECT_NE(s->forward_paged_workspace_size, nullptr);
-  EXPECT_EQ(registry::find(11), nullptr);
+  EXPECT_NE(registry::find(11), nullptr);
   EXPECT_EQ(registry::find(12), nullptr);
-  EXPECT_EQ(registry::stage_numbers(), "1 to 10, 13");
+  EXPECT_EQ(registry::stage_numbers(), "1 to 11, 13");
   const float usual_scale = std::numeric_limits<float>::quiet_NaN();  // 1 / sqrt(head_dim)
   harness::Problem p{1, 32, 8, 16, 4096, 128, true, usual_scale, flash::DType::kBf16};
   EXPECT_TRUE(s->supports(p));

@@ -172,11 +172,14 @@ def forward(q, k, v, *, stage, causal=False, scale=None):
     return o, lse
 
 
-def backward(q, k, v, o, lse, do, *, stage, causal=False, scale=None):
+def backward(q, k, v, o, lse, do, *, stage, causal=False, scale=None, deterministic=False):
     """dq, dk, dv of attention by a stage with a backward, from the forward's o and lse and the gradient do.
 
     Shapes, dtypes and conventions as in forward(); o and do like q, lse float32 [B, Hq, Nq].
-    Returns (dq, dk, dv) shaped like q, k, v.
+    deterministic=True asks for the same bits from the same inputs: stage 11 then sums dq without
+    atomics, in a second pass (slower); by default it adds dq with fp32 atomics, whose order, and so
+    dq's last bits, may change from run to run (Stage.backward_atomic). Stage 07 has no atomics and
+    is deterministic either way. Returns (dq, dk, dv) shaped like q, k, v.
     """
     torch = _torch()
     st = _lib.get_stage(stage)
@@ -184,6 +187,8 @@ def backward(q, k, v, o, lse, do, *, stage, causal=False, scale=None):
         raise ValueError(f"stage = {st.number} ({st.name}) has no backward; stages with a backward: "
                          f"{_lib.backward_stage_list()}")
     causal = _check_causal(causal)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
     dims = _check_qkv(torch, st, q, k, v, causal)
     batch, heads_q, _, seq_q, _, head_dim = dims
     _check_like(torch, "o", o, "q", q)
@@ -198,6 +203,7 @@ def backward(q, k, v, o, lse, do, *, stage, causal=False, scale=None):
     code = _lib.lib().flash_stages_backward(st.number, q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
                                             lse.data_ptr(), do.data_ptr(), dq.data_ptr(), dk.data_ptr(),
                                             dv.data_ptr(), *dims, scale, int(causal),
+                                            _lib.DTYPE_CODES[str(q.dtype).replace("torch.", "")], int(deterministic),
                                             ws.data_ptr() if ws is not None else None, ws_bytes, q.device.index,
                                             stream, msg, len(msg))
     _lib.check_status(code, msg, f"flash_stages.backward ({st})")
@@ -238,11 +244,12 @@ def _attention_function():
 
     class FlashStagesAttention(torch.autograd.Function):
         @staticmethod
-        def forward(ctx, q, k, v, causal, scale, stage_number, stage_was_chosen):
+        def forward(ctx, q, k, v, causal, scale, stage_number, stage_was_chosen, deterministic):
             o, lse = forward(q, k, v, stage=stage_number, causal=causal, scale=scale)
             ctx.save_for_backward(q, k, v, o, lse)
             ctx.causal = causal
             ctx.scale = scale
+            ctx.deterministic = deterministic
             ctx.stage_number = stage_number
             ctx.stage_was_chosen = stage_was_chosen
             return o
@@ -262,23 +269,27 @@ def _attention_function():
                 raise ValueError(f"stage = {st.number} ({st.name}) has no backward; stages with a backward: "
                                  f"{_lib.backward_stage_list()}")
             dq, dk, dv = backward(q, k, v, o, lse, grad_o.contiguous(), stage=st.number, causal=ctx.causal,
-                                  scale=ctx.scale)
-            return dq, dk, dv, None, None, None, None
+                                  scale=ctx.scale, deterministic=ctx.deterministic)
+            return dq, dk, dv, None, None, None, None, None
 
     _function = FlashStagesAttention
     return _function
 
 
-def attention(q, k, v, *, causal=False, scale=None, stage=None):
+def attention(q, k, v, *, causal=False, scale=None, stage=None, deterministic=False):
     """softmax(scale * q k^T) v as a differentiable torch op, so a model trains with it.
 
     Arguments as in forward(); returns o. stage=None picks the latest stage with a backward that
     supports the dtype, head_dim and causality (or, where none has a backward yet, the latest that
-    supports the forward: then the forward works and the backward raises RuntimeError).
-    Inputs must be contiguous: call .contiguous() on a transposed view first.
+    supports the forward: then the forward works and the backward raises RuntimeError): in fp16 and
+    bf16 that is stage 11, whose forward is stage 10's; in fp32 stage 07. deterministic is passed
+    to the backward (see backward()). Inputs must be contiguous: call .contiguous() on a transposed
+    view first.
     """
     torch = _torch()
     causal = _check_causal(causal)
+    if not isinstance(deterministic, bool):
+        raise TypeError(f"deterministic must be a bool, got {deterministic!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -292,7 +303,7 @@ def attention(q, k, v, *, causal=False, scale=None, stage=None):
         chosen = False
     if scale is not None:
         scale = _check_scale(scale, q.shape[-1])
-    return _attention_function().apply(q, k, v, causal, scale, st.number, chosen)
+    return _attention_function().apply(q, k, v, causal, scale, st.number, chosen, deterministic)
 
 
 def _paged_stage(stage):

@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 # Must equal FLASH_STAGES_C_ABI_VERSION in flash_stages_c.h.
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # Status codes of flash_stages_c.h (the values of flash::StatusCode).
 SUCCESS = 0
@@ -87,6 +87,9 @@ class Stage:
     backward: bool  # has a backward
     max_seq_q: int = 0  # the most query rows per head it takes; 0: any (16 for the decoding stage)
     paged: bool = False  # has a paged-cache entry point (flash_stages.decode_paged)
+    # its backward sums with atomics unless asked to be deterministic (stage 11's dQ): the default mode
+    # may differ in the last bits between two runs on the same inputs
+    backward_atomic: bool = False
 
     @property
     def torch_dtype_names(self):
@@ -152,10 +155,12 @@ def _declare(lib):
     lib.flash_stages_forward.argtypes = ([c_int] + [c_void_p] * 5 + dims + [c_float, c_int, c_int, c_void_p, c_size_t, c_int,
                                                                           c_void_p] + msg)
     lib.flash_stages_forward.restype = c_int
-    lib.flash_stages_backward.argtypes = ([c_int] + [c_void_p] * 9 + dims + [c_float, c_int, c_void_p, c_size_t,
-                                                                           c_int, c_void_p] + msg)
+    # stage; q, k, v, o, lse, do, dq, dk, dv; dims; scale, causal, dtype, deterministic, workspace,
+    # workspace_bytes, device, stream
+    lib.flash_stages_backward.argtypes = ([c_int] + [c_void_p] * 9 + dims + [c_float, c_int, c_int, c_int, c_void_p,
+                                                                           c_size_t, c_int, c_void_p] + msg)
     lib.flash_stages_backward.restype = c_int
-    lib.flash_stages_limits.argtypes = [c_int, c_int_p, c_int_p]
+    lib.flash_stages_limits.argtypes = [c_int, c_int_p, c_int_p, c_int_p]
     lib.flash_stages_limits.restype = c_int
     # batch, heads_q, heads_kv, seq_q, head_dim, page_size, max_pages_per_seq
     lib.flash_stages_forward_paged_workspace_size.argtypes = [c_int] + [c_int] * 7 + [ctypes.POINTER(c_size_t)] + msg
@@ -213,15 +218,16 @@ def stages():
         if code != SUCCESS:
             raise StageError(f"flash_stages: flash_stages_info({index}) failed with status {code}")
         dtypes = tuple(d for d in _decode(dtype.value).replace(",", " ").split() if d)
-        max_seq_q, paged = ctypes.c_int(), ctypes.c_int()
-        code = L.flash_stages_limits(index, ctypes.byref(max_seq_q), ctypes.byref(paged))
+        max_seq_q, paged, backward_atomic = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        code = L.flash_stages_limits(index, ctypes.byref(max_seq_q), ctypes.byref(paged),
+                                     ctypes.byref(backward_atomic))
         if code != SUCCESS:
             raise StageError(f"flash_stages: flash_stages_limits({index}) failed with status {code}")
         found.append(Stage(number=number.value, folder=_decode(folder.value), name=_decode(name.value),
                            lesson=_decode(lesson.value), dtypes=dtypes,
                            head_dims=tuple(head_dims[i] for i in range(min(count.value, _MAX_HEAD_DIMS))),
                            causal=bool(causal.value), backward=bool(backward.value), max_seq_q=max_seq_q.value,
-                           paged=bool(paged.value)))
+                           paged=bool(paged.value), backward_atomic=bool(backward_atomic.value)))
     _stages = tuple(found)
     return _stages
 

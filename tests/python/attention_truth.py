@@ -47,6 +47,23 @@ def sdpa(q, k, v, *, causal, scale):
     return o * has_key.to(o.dtype)
 
 
+def composite(q, k, v, *, causal, scale):
+    """O by attention written out, softmax(scale * q k^T) v with torch.matmul and torch.softmax, in the
+    inputs' dtype (differentiable): in fp16 or bf16 every tensor stored between those kernels (the
+    scores, the probabilities, the output and, under autograd, each gradient) is rounded to the dtype,
+    as in the reference of FlashAttention's own tests with upcast off. Conventions as sdpa()."""
+    heads_q, seq_q, seq_kv = q.shape[1], q.shape[2], k.shape[2]
+    k, v = expand_kv(k, heads_q), expand_kv(v, heads_q)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if not causal:
+        return torch.matmul(torch.softmax(s, dim=-1), v)
+    mask = causal_mask(seq_q, seq_kv, q.device)
+    has_key = mask.any(dim=-1, keepdim=True)  # [Nq, 1]
+    s = s.masked_fill(~(mask | ~has_key), -math.inf)
+    o = torch.matmul(torch.softmax(s, dim=-1), v)
+    return o * has_key.to(o.dtype)
+
+
 def lse(q, k, *, causal, scale):
     """log sum_j exp(scale * q_i . k_j) over the keys row i sees, in float64; -inf for a row that sees none."""
     k = expand_kv(k, q.shape[1]).double()

@@ -135,7 +135,7 @@ def test_c_abi_stage_errors():
     got, msg = c_forward(1, FAKE, (1, 1, 1, 1, 1, 64))  # stage 01 needs a workspace
     assert got == _lib.WORKSPACE_TOO_SMALL and b"needs 4" in msg.value
     msg = _lib.message_buffer()
-    got = _lib.lib().flash_stages_backward(6, *([16] * 9), 1, 1, 1, 1, 1, 64, 0.125, 0, None, 0, -1, None, msg,
+    got = _lib.lib().flash_stages_backward(6, *([16] * 9), 1, 1, 1, 1, 1, 64, 0.125, 0, 0, 0, None, 0, -1, None, msg,
                                            len(msg))
     assert got == _lib.NOT_SUPPORTED and b"has no backward" in msg.value
 
@@ -187,7 +187,7 @@ def test_cpu_tensor_is_refused():
 def test_decoding_stage_in_the_listing():
     stages = flash_stages.stages()
     numbers = [s.number for s in stages]
-    assert 13 in numbers and 11 not in numbers and 12 not in numbers, "stages 11 and 12 are planned, 13 is written"
+    assert 11 in numbers and 13 in numbers and 12 not in numbers, "stage 12 is planned, 11 and 13 are written"
     s = flash_stages.get_stage(13)
     assert "decoding" in s.name
     assert s.max_seq_q == 16 and s.paged and s.causal and not s.backward
@@ -199,7 +199,7 @@ def test_decoding_stage_in_the_listing():
         if other.number != 13:
             assert other.max_seq_q == 0 and not other.paged, other
     # attention() never picks the decoding stage for more query rows than it takes.
-    assert flash_stages.default_stage("bfloat16", 128, False, seq_q=1024).number == 10
+    assert flash_stages.default_stage("bfloat16", 128, False, seq_q=1024).number == 11
     with pytest.raises(ValueError, match="no paged entry point"):
         flash_stages.decode_paged_workspace_bytes(10, 1, 32, 8, 1, 128, 256, 512)
 
@@ -241,8 +241,47 @@ def test_c_abi_paged_argument_checks(ptrs, dims, kwargs, code, text):
 def test_c_abi_paged_stage_errors():
     got, msg = c_forward_paged(10, PAGED_FAKE, (1, 4, 2, 1, 128))
     assert got == _lib.NOT_SUPPORTED and b"stage 10 (flash2) has no paged entry point" in msg.value
-    got, msg = c_forward_paged(11, PAGED_FAKE, (1, 4, 2, 1, 128))
-    assert got == _lib.INVALID_ARGUMENT and b"stage = 11 is not a stage (stages: 1 to 10, 13)" in msg.value
+    got, msg = c_forward_paged(12, PAGED_FAKE, (1, 4, 2, 1, 128))
+    assert got == _lib.INVALID_ARGUMENT and b"stage = 12 is not a stage (stages: 1 to 11, 13)" in msg.value
     L = _lib.lib()
-    assert L.flash_stages_limits(-1, None, None) == _lib.INVALID_ARGUMENT
-    assert L.flash_stages_limits(L.flash_stages_count(), None, None) == _lib.INVALID_ARGUMENT
+    assert L.flash_stages_limits(-1, None, None, None) == _lib.INVALID_ARGUMENT
+    assert L.flash_stages_limits(L.flash_stages_count(), None, None, None) == _lib.INVALID_ARGUMENT
+
+
+def test_tensor_core_backward_in_the_listing():
+    s = flash_stages.get_stage(11)
+    assert s.backward and s.backward_atomic and s.causal and not s.paged
+    assert set(s.dtypes) == {"bf16", "fp16"} and s.head_dims == (32, 64, 128)
+    assert not flash_stages.get_stage(7).backward_atomic, "stage 07 has no atomics"
+    # attention() in a half dtype: stage 11 (whose forward is stage 10's); in fp32: stage 07.
+    for dtype in ("bfloat16", "float16"):
+        for causal in (False, True):
+            assert flash_stages.default_stage(dtype, 64, causal, seq_q=1024).number == 11
+    assert flash_stages.default_stage("float32", 64, True).number == 7
+    # The workspace: D and the fp32 dQ accumulator, O(N).
+    assert flash_stages.backward_workspace_bytes(11, 2, 8, 2, 1000, 7, 128) == 2 * 8 * 1000 * 129 * 4
+
+
+def c_backward(stage, ptrs, dims, *, dtype=2, deterministic=0, workspace_bytes=0):
+    """ptrs: q, k, v, o, lse, do, dq, dk, dv; dims: batch, heads_q, heads_kv, seq_q, seq_kv, head_dim."""
+    msg = _lib.message_buffer()
+    code = _lib.lib().flash_stages_backward(stage, *ptrs, *dims, 0.125, 0, dtype, deterministic, None, workspace_bytes,
+                                            -1, None, msg, len(msg))
+    return code, msg
+
+
+BACKWARD_FAKE = [16 * (i + 1) for i in range(9)]
+
+
+@pytest.mark.parametrize("stage, ptrs, dims, kwargs, code, text", [
+    (11, BACKWARD_FAKE[:5] + [None] + BACKWARD_FAKE[6:], (1, 2, 1, 5, 7, 64), {}, _lib.NULL_POINTER, "d_o is null"),
+    (11, BACKWARD_FAKE, (1, 2, 1, 5, 7, 64), dict(dtype=0), _lib.DTYPE_NOT_SUPPORTED, "dtype = fp32"),
+    (11, BACKWARD_FAKE, (1, 2, 1, 5, 7, 64), dict(dtype=0, deterministic=1), _lib.DTYPE_NOT_SUPPORTED, "dtype = fp32"),
+    (11, BACKWARD_FAKE, (1, 2, 1, 5, 7, 64), dict(dtype=7), _lib.INVALID_ARGUMENT, "dtype"),
+    (11, BACKWARD_FAKE, (1, 2, 1, 5, 7, 64), {}, _lib.WORKSPACE_TOO_SMALL, "needs"),
+    (11, BACKWARD_FAKE, (1, 2, 1, 5, 7, 48), {}, _lib.HEAD_DIM_NOT_SUPPORTED, "head_dim = 48"),
+    (7, BACKWARD_FAKE, (1, 2, 1, 5, 7, 64), dict(dtype=2), _lib.DTYPE_NOT_SUPPORTED, "dtype = bf16"),
+], ids=["null-d_o", "fp32", "fp32-deterministic", "dtype-7", "workspace", "head_dim-48", "stage07-bf16"])
+def test_c_abi_backward_argument_checks(stage, ptrs, dims, kwargs, code, text):
+    got, msg = c_backward(stage, ptrs, dims, **kwargs)
+    assert got == code and text in msg.value.decode(), (got, msg.value)

@@ -1,0 +1,187 @@
+// Stage 11: the tensor-core backward. The kernels and the products they compute are in
+// backward_tc_kernel.cuh; this file checks the arguments, chooses the tile shapes per head_dim,
+// lays out the workspace and launches the kernels in order.
+#include "backward_tc.h"
+
+#include "backward_tc_kernel.cuh"
+
+namespace stage11 {
+namespace {
+
+constexpr int kMinComputeCapability = 80;  // mma.sync with bf16, ldmatrix, cp.async (sm_80)
+constexpr int kRowDotThreads = 256;        // row_dot_kernel and convert_dq_kernel
+
+// One shape per head_dim. dk_dv_kernel: KeyTileConfig<warps (16 keys each), query rows per step,
+// blocks per SM>; dq_kernel (deterministic mode): QueryTileConfig<warps (16 rows each), keys per
+// tile, blocks per SM>. A first choice, to be measured on the H100 (lesson 11): 128 keys per block
+// as FlashAttention-2's backward, 64 query rows per step.
+template <int kHeadDim>
+struct Shapes {
+  using KeyTile = KeyTileConfig<8, 64, 1>;
+  using QueryTile = QueryTileConfig<4, 64, 1>;
+};
+// At head_dim 128 each lane already holds 128 accumulators of dK and dV: 32 query rows per step keep
+// S^T and dP^T at 16 each, where 64 rows spill (-Xptxas -v).
+template <>
+struct Shapes<128> {
+  using KeyTile = KeyTileConfig<8, 32, 1>;
+  using QueryTile = QueryTileConfig<4, 64, 1>;
+};
+
+template <typename Element, int kHeadDim, bool kAtomicDq>
+constexpr size_t key_tile_shared_bytes() {
+  return sizeof(kernel_detail::KeyTileShared<Element, kHeadDim, typename Shapes<kHeadDim>::KeyTile, kAtomicDq>);
+}
+
+template <typename Element, int kHeadDim>
+constexpr size_t query_tile_shared_bytes() {
+  return sizeof(kernel_detail::QueryTileShared<Element, kHeadDim, typename Shapes<kHeadDim>::QueryTile>);
+}
+
+// Bytes of the D part of the workspace: one float per row, rounded up to 16 bytes so that the dQ
+// accumulator after it starts aligned for float4.
+size_t d_bytes(long long rows) { return (static_cast<size_t>(rows) * sizeof(float) + 15) / 16 * 16; }
+
+template <int kHeadDim>
+size_t shared_bytes_for(bool deterministic) {
+  // The shapes do not depend on the dtype: both 16-bit types give the same sizes.
+  const size_t key_tile = deterministic ? key_tile_shared_bytes<__half, kHeadDim, false>()
+                                        : key_tile_shared_bytes<__half, kHeadDim, true>();
+  const size_t query_tile = deterministic ? query_tile_shared_bytes<__half, kHeadDim>() : 0;
+  return key_tile > query_tile ? key_tile : query_tile;
+}
+
+template <typename Element, int kHeadDim>
+flash::Status launch(const Element* q, const Element* k, const Element* v, const Element* o, const float* lse,
+                     const Element* d_o, Element* dq, Element* dk, Element* dv, int batch, int heads_q, int heads_kv,
+                     int seq_q, int seq_kv, float scale, bool causal, bool deterministic, void* workspace,
+                     cudaStream_t stream) {
+  using KeyTile = typename Shapes<kHeadDim>::KeyTile;
+  using QueryTile = typename Shapes<kHeadDim>::QueryTile;
+  const long long rows = static_cast<long long>(batch) * heads_q * seq_q;
+  float* d_rows = static_cast<float*>(workspace);
+  float* dq_accum = deterministic ? nullptr
+                                  : reinterpret_cast<float*>(static_cast<unsigned char*>(workspace) + d_bytes(rows));
+  const float scale_log2 = scale * kernel_detail::kLog2e;
+
+  // The kernels of this call, and the shared memory each block takes (opted into before any launch).
+  const auto dk_dv = causal ? (deterministic ? dk_dv_kernel<Element, kHeadDim, true, false, KeyTile>
+                                             : dk_dv_kernel<Element, kHeadDim, true, true, KeyTile>)
+                            : (deterministic ? dk_dv_kernel<Element, kHeadDim, false, false, KeyTile>
+                                             : dk_dv_kernel<Element, kHeadDim, false, true, KeyTile>);
+  const size_t dk_dv_bytes = deterministic ? key_tile_shared_bytes<Element, kHeadDim, false>()
+                                           : key_tile_shared_bytes<Element, kHeadDim, true>();
+  const auto dq_pass = causal ? dq_kernel<Element, kHeadDim, true, QueryTile>
+                              : dq_kernel<Element, kHeadDim, false, QueryTile>;
+  constexpr size_t kDqBytes = query_tile_shared_bytes<Element, kHeadDim>();
+  flash::Status status = flash::allow_shared_memory(dk_dv, dk_dv_bytes);
+  if (status.ok() && deterministic) status = flash::allow_shared_memory(dq_pass, kDqBytes);
+  if (!status.ok()) return status;
+
+  // 1. D, and (default mode) the accumulator zeroed.
+  constexpr int kLanesPerRow = kHeadDim / kernel_detail::kVecElems;
+  const long long row_dot_blocks = (rows * kLanesPerRow + kRowDotThreads - 1) / kRowDotThreads;
+  row_dot_kernel<Element, kHeadDim><<<static_cast<unsigned>(row_dot_blocks), kRowDotThreads, 0, stream>>>(
+      d_o, o, d_rows, dq_accum, rows);
+  if (!(status = flash::last_launch_status()).ok()) return status;
+
+  // 2. dK, dV (and dQ's shares): one block per K/V tile of each K/V head.
+  const int num_k_tiles = (seq_kv + KeyTile::kBlockCols - 1) / KeyTile::kBlockCols;
+  const int num_kv_heads_total = batch * heads_kv;
+  const long long dk_dv_blocks = static_cast<long long>(num_kv_heads_total) * num_k_tiles;
+  dk_dv<<<static_cast<unsigned>(dk_dv_blocks), KeyTile::kWarps * 32, dk_dv_bytes, stream>>>(
+      q, k, v, d_o, lse, d_rows, dq_accum, dk, dv, heads_q, heads_kv, seq_q, seq_kv, scale, scale_log2, num_k_tiles,
+      num_kv_heads_total);
+  if (!(status = flash::last_launch_status()).ok()) return status;
+
+  if (!deterministic) {
+    // 3a. dQ from the accumulator.
+    const long long vectors = rows * kHeadDim / kernel_detail::kVecElems;
+    const long long blocks = (vectors + kRowDotThreads - 1) / kRowDotThreads;
+    convert_dq_kernel<Element><<<static_cast<unsigned>(blocks), kRowDotThreads, 0, stream>>>(dq_accum, dq, vectors,
+                                                                                             scale);
+    return flash::last_launch_status();
+  }
+  // 3b. dQ by a second pass over query tiles.
+  const int num_q_tiles = (seq_q + QueryTile::kBlockRows - 1) / QueryTile::kBlockRows;
+  const int num_heads_total = batch * heads_q;
+  const long long dq_blocks = static_cast<long long>(num_heads_total) * num_q_tiles;
+  dq_pass<<<static_cast<unsigned>(dq_blocks), QueryTile::kWarps * 32, kDqBytes, stream>>>(
+      q, k, v, d_o, lse, d_rows, dq, heads_q, heads_kv, seq_q, seq_kv, scale, scale_log2, num_q_tiles,
+      num_heads_total);
+  return flash::last_launch_status();
+}
+
+template <typename Element>
+flash::Status launch_for_head_dim(const void* q, const void* k, const void* v, const void* o, const float* lse,
+                                  const void* d_o, void* dq, void* dk, void* dv, int batch, int heads_q, int heads_kv,
+                                  int seq_q, int seq_kv, int head_dim, float scale, bool causal, bool deterministic,
+                                  void* workspace, cudaStream_t stream) {
+  const auto* q_ = static_cast<const Element*>(q);
+  const auto* k_ = static_cast<const Element*>(k);
+  const auto* v_ = static_cast<const Element*>(v);
+  const auto* o_ = static_cast<const Element*>(o);
+  const auto* d_o_ = static_cast<const Element*>(d_o);
+  auto* dq_ = static_cast<Element*>(dq);
+  auto* dk_ = static_cast<Element*>(dk);
+  auto* dv_ = static_cast<Element*>(dv);
+  switch (head_dim) {
+    case 32:
+      return launch<Element, 32>(q_, k_, v_, o_, lse, d_o_, dq_, dk_, dv_, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                 scale, causal, deterministic, workspace, stream);
+    case 64:
+      return launch<Element, 64>(q_, k_, v_, o_, lse, d_o_, dq_, dk_, dv_, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                 scale, causal, deterministic, workspace, stream);
+    default:
+      return launch<Element, 128>(q_, k_, v_, o_, lse, d_o_, dq_, dk_, dv_, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                  scale, causal, deterministic, workspace, stream);
+  }
+}
+
+}  // namespace
+
+size_t backward_workspace_size(int batch, int heads_q, int /*heads_kv*/, int seq_q, int /*seq_kv*/, int head_dim) {
+  if (batch < 1 || heads_q < 1 || seq_q < 1 || head_dim < 1) return 0;
+  const long long rows = static_cast<long long>(batch) * heads_q * seq_q;
+  return d_bytes(rows) + static_cast<size_t>(rows) * head_dim * sizeof(float);
+}
+
+size_t backward_shared_bytes(int head_dim, bool deterministic) {
+  switch (head_dim) {
+    case 32: return shared_bytes_for<32>(deterministic);
+    case 64: return shared_bytes_for<64>(deterministic);
+    case 128: return shared_bytes_for<128>(deterministic);
+    default: return 0;
+  }
+}
+
+flash::Status backward(const void* q, const void* k, const void* v, const void* o, const float* lse, const void* d_o,
+                       void* dq, void* dk, void* dv, int batch, int heads_q, int heads_kv, int seq_q, int seq_kv,
+                       int head_dim, float scale, bool causal, flash::DType dtype, bool deterministic,
+                       void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  flash::Status status =
+      flash::check_forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale);
+  if (!status.ok()) return status;
+  const struct {
+    const void* ptr;
+    const char* name;
+  } gradients[] = {{lse, "lse"}, {d_o, "d_o"}, {dq, "dq"}, {dk, "dk"}, {dv, "dv"}};
+  for (const auto& g : gradients) {
+    if (!g.ptr) return flash::make_status(flash::StatusCode::kNullPointer, g.name, 0);
+    if (!flash::aligned(g.ptr)) return flash::make_status(flash::StatusCode::kMisalignedPointer, g.name, 0);
+  }
+  status = flash::check_half_dtype(dtype);
+  if (status.ok())
+    status = flash::check_workspace(workspace, workspace_bytes,
+                                    backward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim));
+  if (status.ok()) status = flash::check_compute_capability(kMinComputeCapability);
+  if (status.ok()) status = flash::check_shared_memory(backward_shared_bytes(head_dim, deterministic));
+  if (!status.ok()) return status;
+  if (dtype == flash::DType::kFp16)
+    return launch_for_head_dim<__half>(q, k, v, o, lse, d_o, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                       head_dim, scale, causal, deterministic, workspace, stream);
+  return launch_for_head_dim<__nv_bfloat16>(q, k, v, o, lse, d_o, dq, dk, dv, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                            head_dim, scale, causal, deterministic, workspace, stream);
+}
+
+}  // namespace stage11

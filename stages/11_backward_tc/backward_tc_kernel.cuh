@@ -1,0 +1,596 @@
+// Stage 11's kernels, templates over their tile shapes so that backward_tc.cu can pick one shape per
+// head_dim (and a benchmark can time others).
+//
+// The backward of lesson 07 on the tensor cores. With S = scale * Q K^T, P = softmax(S) and O = P V:
+//   D = rowsum(dO o O),  dV = P^T dO,  dP = dO V^T,  dS = P o (dP - D),  dK = scale * dS^T Q,  dQ = scale * dS K.
+// Four kernels, in stream order:
+//   1. row_dot_kernel: D (fp32) for every query row; in the default mode it also zeros the fp32 dQ
+//      accumulator in the workspace.
+//   2. dk_dv_kernel, one block per K/V tile (Bc keys) of one K/V head: K_j and V_j stay in shared memory,
+//      dK_j and dV_j in registers, while the block streams every query tile that can see the keys (of
+//      every query head of the GQA group, so dK and dV of a group are summed in registers, in a fixed
+//      order, with no atomics). Each warp owns 16 keys, and every product is computed transposed, with
+//      the keys as the rows of the mma:
+//        S^T = K Q^T,  P^T = exp2(S^T * scale log2 e - lse log2 e),  dP^T = V dO^T,
+//        dV += P^T dO,  dS^T = P^T o (dP^T - D),  dK += dS^T Q,
+//      so that P^T and dS^T, fp32 accumulators, become the A operands of the next mma without leaving
+//      registers (stage 08's trick for P, in the other direction). In the default mode the block also
+//      computes its share of dQ, dS K: dS^T goes through shared memory (the one product whose rows are
+//      queries), and the share is added into the fp32 accumulator with red.global.add.f32.
+//   3a. default mode, convert_dq_kernel: dQ = scale * accumulator, rounded to the dtype.
+//   3b. deterministic mode, dq_kernel: no atomics. dk_dv_kernel leaves dQ alone and this kernel,
+//      one block per query tile, streams the K/V tiles the way the forward does and recomputes
+//      S, P, dP and dS to sum dQ_i = scale * sum_j dS_ij K_j in registers in key order (stage 07's
+//      second pass): every dQ element has one writer and one summation order.
+// All accumulation is fp32; mma operands are fp16 or bf16, and P and dS are rounded to it on their
+// way into the mma, as in FlashAttention-2.
+#pragma once
+
+#include "flash_stage.cuh"
+#include "tensor_core.cuh"
+
+namespace stage11 {
+
+// The shape of dk_dv_kernel: kWarps warps of 16 keys each (Bc = 16 * kWarps keys per block), and
+// Br = kBlockRows query rows per step of the loop over query tiles.
+template <int kWarps_, int kBlockRows_, int kMinBlocksPerSm_>
+struct KeyTileConfig {
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kBlockCols = 16 * kWarps_;  // Bc: keys per block, one 16-row m-tile per warp
+  static constexpr int kBlockRows = kBlockRows_;   // Br: query rows per step
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;  // __launch_bounds__: caps registers per thread
+};
+
+// The shape of dq_kernel (deterministic mode): kWarps warps of 16 query rows each (Br = 16 * kWarps
+// rows per block), streaming K/V tiles of kBlockCols keys.
+template <int kWarps_, int kBlockCols_, int kMinBlocksPerSm_>
+struct QueryTileConfig {
+  static constexpr int kWarps = kWarps_;
+  static constexpr int kBlockRows = 16 * kWarps_;  // Br: query rows per block, one m-tile per warp
+  static constexpr int kBlockCols = kBlockCols_;   // Bc: keys per K/V tile
+  static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
+};
+
+namespace kernel_detail {
+
+using tensor_core::cp_async_16;
+using tensor_core::cp_async_commit;
+using tensor_core::cp_async_wait;
+using tensor_core::exp2_approx;
+using tensor_core::ldmatrix_x4;
+using tensor_core::ldmatrix_x4_trans;
+using tensor_core::mma_m16n8k16;
+using tensor_core::pack2;
+using tensor_core::red_add_f32x2;
+using tensor_core::unpack2;
+
+constexpr int kMmaM = 16;     // the M of mma.m16n8k16
+constexpr int kMmaN = 8;      // the N
+constexpr int kMmaK = 16;     // the K
+constexpr int kVecElems = 8;  // 16-byte vectors of 16-bit elements
+constexpr int kStages = 2;    // double buffers: one being computed on, one in flight
+constexpr unsigned kFullWarp = 0xffffffffu;
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2 e)
+
+// The base-2 lse a row's probabilities are recomputed from: P = 2^(s * scale log2 e - lse2). A row
+// that saw no key (lse = -inf) and a padding row past seq_q get +inf, so every P of theirs is
+// 2^(-inf) = 0 whatever its score: they add nothing to any gradient.
+__device__ inline float lse_base2(const float* lse, long long index, bool real) {
+  if (!real) return INFINITY;
+  const float l = lse[index];
+  return l == -INFINITY ? INFINITY : l * kLog2e;
+}
+
+// Stage 09's XOR swizzle for a tile kWidth elements wide: 16-byte chunk c of row r is stored at
+// chunk c ^ (r % 8) (pairs or quads of rows share a pattern when a row holds fewer than 8 chunks).
+// ldmatrix reads 8 rows of one chunk column, which the swizzle spreads over all 32 banks.
+template <int kWidth>
+__device__ inline int swizzled(int row, int col) {
+  constexpr int kChunksPerRow = kWidth / kVecElems;
+  static_assert(kWidth % kVecElems == 0 && kChunksPerRow >= 1, "rows of whole 16-byte chunks");
+  constexpr int kRowsPerWindow = kChunksPerRow >= 8 ? 1 : 8 / kChunksPerRow;  // rows per 128 bytes
+  constexpr int kPatterns = kChunksPerRow >= 8 ? 8 : kChunksPerRow;
+  const int chunk = (col / kVecElems) ^ ((row / kRowsPerWindow) % kPatterns);
+  return chunk * kVecElems + col % kVecElems;
+}
+
+// Starts copying rows [first, first + kRows) of a [num_rows, kWidth] matrix into a swizzled shared
+// tile, zeros past num_rows; the caller commits and waits. A trip count known at compile time, so
+// the loop unrolls into straight-line cp.async (stage 10).
+template <int kRows, int kWidth, int kThreads, typename Element>
+__device__ void load_rows_async(Element (*tile)[kWidth], const Element* src, int first, int num_rows) {
+  constexpr int kVecsPerRow = kWidth / kVecElems;
+  constexpr int kVecs = kRows * kVecsPerRow;
+  constexpr int kPasses = (kVecs + kThreads - 1) / kThreads;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int index = pass * kThreads + static_cast<int>(threadIdx.x);
+    if (kVecs % kThreads != 0 && index >= kVecs) break;
+    const int r = index / kVecsPerRow;
+    const int c = (index % kVecsPerRow) * kVecElems;
+    const bool valid = first + r < num_rows;
+    const Element* from = valid ? src + static_cast<long long>(first + r) * kWidth + c : src;
+    cp_async_16(&tile[r][swizzled<kWidth>(r, c)], from, valid);
+  }
+}
+
+// acc[nb] (nb over kNBlocks blocks of 8 columns) += A * B^T for one warp, where A is the 16 rows of
+// a_tile from a_row (the mma's M) and B the kNBlocks * 8 rows of b_tile (the mma's N), both stored
+// [row][kDim] and swizzled: the k-loop runs over the kDim columns both share. S^T = K Q^T and
+// dP^T = V dO^T in dk_dv_kernel, S = Q K^T and dP = dO V^T in dq_kernel.
+template <int kNBlocks, int kDim, typename Element>
+__device__ void warp_gemm_abt(float (&acc)[kNBlocks][4], Element (*a_tile)[kDim], int a_row,
+                              Element (*b_tile)[kDim], int lane) {
+  static_assert(kNBlocks % 2 == 0, "B operands are loaded two n-blocks at a time (ldmatrix.x4)");
+  static_assert(kDim % kMmaK == 0, "whole k-steps");
+#pragma unroll
+  for (int ks = 0; ks < kDim / kMmaK; ++ks) {
+    uint32_t a[4];
+    const int ra = a_row + lane % 16;
+    ldmatrix_x4(a, &a_tile[ra][swizzled<kDim>(ra, ks * kMmaK + (lane / 16) * 8)]);
+#pragma unroll
+    for (int nb = 0; nb < kNBlocks; nb += 2) {
+      uint32_t b[4];
+      const int rb = nb * kMmaN + (lane / 16) * 8 + lane % 8;
+      ldmatrix_x4(b, &b_tile[rb][swizzled<kDim>(rb, ks * kMmaK + ((lane / 8) % 2) * 8)]);
+      mma_m16n8k16<Element>(acc[nb], a, b[0], b[1]);
+      mma_m16n8k16<Element>(acc[nb + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// acc[db] += A * B for one warp, where A (16 x kK) is in registers as fp32 accumulators of a
+// previous mma (a_acc[kb], kb over kK / 8 blocks of 8 columns: the layout of warp_gemm_abt's acc),
+// rounded to Element on the way, and B (kK x kNBlocks * 8 columns from b_col) is stored [k][n] in
+// b_tile, read transposed by ldmatrix. dV += P^T dO and dK += dS^T Q in dk_dv_kernel, dQ += dS K in
+// dq_kernel. The accumulator's columns 2t, 2t + 1 of n-blocks 2 ks and 2 ks + 1 are exactly the A
+// operand's k = 2t, 2t + 1 and 2t + 8, 2t + 9 of k-step ks: no data moves between lanes.
+template <int kK, int kNBlocks, int kWidth, typename Element>
+__device__ void warp_gemm_acc_b(float (&acc)[kNBlocks][4], const float (&a_acc)[kK / kMmaN][4],
+                                Element (*b_tile)[kWidth], int b_col, int lane) {
+  static_assert(kK % kMmaK == 0, "whole k-steps");
+  static_assert(kNBlocks % 2 == 0, "B operands are loaded two n-blocks at a time (ldmatrix.x4.trans)");
+#pragma unroll
+  for (int ks = 0; ks < kK / kMmaK; ++ks) {
+    uint32_t a[4];
+    a[0] = pack2<Element>(a_acc[2 * ks][0], a_acc[2 * ks][1]);
+    a[1] = pack2<Element>(a_acc[2 * ks][2], a_acc[2 * ks][3]);
+    a[2] = pack2<Element>(a_acc[2 * ks + 1][0], a_acc[2 * ks + 1][1]);
+    a[3] = pack2<Element>(a_acc[2 * ks + 1][2], a_acc[2 * ks + 1][3]);
+#pragma unroll
+    for (int nb = 0; nb < kNBlocks; nb += 2) {
+      uint32_t b[4];
+      const int r = ks * kMmaK + ((lane / 8) % 2) * 8 + lane % 8;
+      ldmatrix_x4_trans(b, &b_tile[r][swizzled<kWidth>(r, b_col + nb * kMmaN + (lane / 16) * 8)]);
+      mma_m16n8k16<Element>(acc[nb], a, b[0], b[1]);
+      mma_m16n8k16<Element>(acc[nb + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// The shared memory of dk_dv_kernel. K and V for the whole block; Q and dO (with their rows' lse and
+// D) double-buffered so that query tile i + 1 is copied while i is computed; dS^T only where dQ is
+// accumulated from this kernel.
+template <typename Element, int kHeadDim, class Config, bool kAtomicDq>
+struct KeyTileShared {
+  Element k[Config::kBlockCols][kHeadDim];
+  Element v[Config::kBlockCols][kHeadDim];
+  Element q[kStages][Config::kBlockRows][kHeadDim];
+  Element d_o[kStages][Config::kBlockRows][kHeadDim];
+  Element ds[kAtomicDq ? Config::kBlockCols : 1][Config::kBlockRows];  // dS^T [key][query]
+  float lse2[kStages][Config::kBlockRows];  // base-2 lse of the tile's rows (+inf: no contribution)
+  float d[kStages][Config::kBlockRows];     // D of the tile's rows
+};
+
+// The shared memory of dq_kernel: one query tile, double-buffered K/V tiles.
+template <typename Element, int kHeadDim, class Config>
+struct QueryTileShared {
+  Element q[Config::kBlockRows][kHeadDim];
+  Element d_o[Config::kBlockRows][kHeadDim];
+  Element k[kStages][Config::kBlockCols][kHeadDim];
+  Element v[kStages][Config::kBlockCols][kHeadDim];
+};
+
+}  // namespace kernel_detail
+
+// 1. D_i = dO_i . O_i in fp32, kHeadDim / 8 lanes per row, each reading 16 bytes of dO and of O; the
+// lanes of a row are neighbours in the warp and sum by butterfly. With dq_accum not null, the same
+// threads zero its rows (the default mode's accumulator), so no memset is needed.
+template <typename Element, int kHeadDim>
+__global__ void __launch_bounds__(256)
+    row_dot_kernel(const Element* d_o, const Element* o, float* d_rows, float* dq_accum, long long num_rows) {
+  using namespace kernel_detail;
+  constexpr int kLanesPerRow = kHeadDim / kVecElems;
+  static_assert(kLanesPerRow >= 1 && 32 % kLanesPerRow == 0, "a row's lanes within one warp");
+  const long long thread = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const long long row = thread / kLanesPerRow;
+  const int c = static_cast<int>(thread % kLanesPerRow) * kVecElems;
+  float sum = 0.0f;
+  if (row < num_rows) {  // no early return: every lane takes part in the butterfly below
+    const uint4 a = *reinterpret_cast<const uint4*>(d_o + row * kHeadDim + c);
+    const uint4 b = *reinterpret_cast<const uint4*>(o + row * kHeadDim + c);
+    const uint32_t av[4] = {a.x, a.y, a.z, a.w};
+    const uint32_t bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 x = unpack2<Element>(av[i]);
+      const float2 y = unpack2<Element>(bv[i]);
+      sum = fmaf(x.x, y.x, sum);
+      sum = fmaf(x.y, y.y, sum);
+    }
+    if (dq_accum) {
+      float4* dst = reinterpret_cast<float4*>(dq_accum + row * kHeadDim + c);
+      dst[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      dst[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  }
+#pragma unroll
+  for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullWarp, sum, offset);
+  if (row < num_rows && c == 0) d_rows[row] = sum;
+}
+
+// 2. dK_j, dV_j of one K/V tile of one K/V head, and (kAtomicDq) the tile's share of dQ. See the top
+// of this file for the products; the comments below follow them step by step.
+template <typename Element, int kHeadDim, bool kCausal, bool kAtomicDq, class Config>
+__global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
+    dk_dv_kernel(const Element* q, const Element* k, const Element* v, const Element* d_o, const float* lse,
+                 const float* d_rows, float* dq_accum, Element* dk, Element* dv, int heads_q, int heads_kv,
+                 int seq_q, int seq_kv, float scale, float scale_log2, int num_k_tiles, int num_kv_heads_total) {
+  using namespace kernel_detail;
+  using Shared = KeyTileShared<Element, kHeadDim, Config, kAtomicDq>;
+  constexpr int kThreads = Config::kWarps * 32;
+  constexpr int kBlockRows = Config::kBlockRows;  // Br
+  constexpr int kBlockCols = Config::kBlockCols;  // Bc
+  constexpr int kRowBlocks = kBlockRows / kMmaN;  // accumulator n-blocks of S^T and dP^T per lane
+  constexpr int kDimBlocks = kHeadDim / kMmaN;    // accumulator n-blocks of dK and dV per lane
+  // dQ's share, [Br x d]: warp w takes m-tile w % kRowTiles and a kDqBlocks-wide group of n-blocks.
+  constexpr int kRowTiles = kBlockRows / kMmaM;
+  constexpr int kColGroups = Config::kWarps / kRowTiles;
+  constexpr int kDqBlocks = kColGroups > 0 ? kDimBlocks / kColGroups : 1;
+  static_assert(kBlockRows % kMmaK == 0 && kBlockRows >= kMmaK, "whole 16-row query steps");
+  static_assert(kRowBlocks % 2 == 0 && kDimBlocks % 2 == 0, "n-blocks in pairs (ldmatrix.x4)");
+  static_assert(!kAtomicDq || (Config::kWarps % kRowTiles == 0 && kColGroups > 0 && kDimBlocks % kColGroups == 0 &&
+                               kDqBlocks % 2 == 0),
+                "the warps tile dQ's share exactly, in pairs of n-blocks");
+  static_assert(sizeof(Shared) % 16 == 0 && sizeof(Element) == 2, "16-bit elements, 16-byte rows");
+  extern __shared__ uint4 shared_raw[];
+  Shared& tile = *reinterpret_cast<Shared*>(shared_raw);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group = lane / 4;            // g: accumulator rows g and g + 8
+  const int thread_in_group = lane % 4;  // t: accumulator columns 2t and 2t + 1
+  const int warp_key = warp * kMmaM;     // the warp's 16 keys, as rows of the tile
+
+  // Causal: K/V tile by tile across every head, the first tile (seen by every query row: the most
+  // work) of every head first. Not causal: head by head, so blocks that stream the same Q and dO
+  // run together and share them in L2.
+  long long kv_head;
+  int k_tile;
+  if (kCausal) {
+    kv_head = blockIdx.x % num_kv_heads_total;
+    k_tile = static_cast<int>(blockIdx.x / num_kv_heads_total);
+  } else {
+    kv_head = blockIdx.x / num_k_tiles;
+    k_tile = static_cast<int>(blockIdx.x % num_k_tiles);
+  }
+  const int first_key = k_tile * kBlockCols;
+  const int heads_per_group = heads_q / heads_kv;
+  const long long first_q_head = (kv_head / heads_kv) * heads_q + (kv_head % heads_kv) * heads_per_group;
+  const int diagonal = seq_kv - seq_q;  // query i sees keys [0, i + diagonal + 1)
+
+  // The query tiles that see at least one key of the tile: causal, rows from first_key - diagonal on.
+  const long long first_row_needed = kCausal ? max(0LL, static_cast<long long>(first_key) - diagonal) : 0LL;
+  const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;
+  const int first_q_tile = first_row_needed >= seq_q ? num_q_tiles : static_cast<int>(first_row_needed / kBlockRows);
+  const int tiles_per_head = num_q_tiles - first_q_tile;
+  const int num_steps = heads_per_group * tiles_per_head;  // (query head of the group, query tile) pairs
+
+  const Element* k_head = k + kv_head * seq_kv * kHeadDim;
+  const Element* v_head = v + kv_head * seq_kv * kHeadDim;
+  load_rows_async<kBlockCols, kHeadDim, kThreads>(tile.k, k_head, first_key, seq_kv);
+  load_rows_async<kBlockCols, kHeadDim, kThreads>(tile.v, v_head, first_key, seq_kv);
+
+  // Step `step` is query tile first_q_tile + step % tiles_per_head of query head step / tiles_per_head.
+  auto step_head = [&](int step) { return first_q_head + step / tiles_per_head; };
+  auto step_first_row = [&](int step) { return (first_q_tile + step % tiles_per_head) * kBlockRows; };
+  // Starts copying step's Q and dO tiles into buffer buf and writes its rows' lse2 and D there.
+  auto prefetch = [&](int step, int buf) {
+    const long long bh = step_head(step);
+    const int first_row = step_first_row(step);
+    load_rows_async<kBlockRows, kHeadDim, kThreads>(tile.q[buf], q + bh * seq_q * kHeadDim, first_row, seq_q);
+    load_rows_async<kBlockRows, kHeadDim, kThreads>(tile.d_o[buf], d_o + bh * seq_q * kHeadDim, first_row, seq_q);
+    for (int r = threadIdx.x; r < kBlockRows; r += kThreads) {
+      const bool real = first_row + r < seq_q;
+      const long long index = bh * seq_q + first_row + r;
+      tile.lse2[buf][r] = lse_base2(lse, index, real);
+      tile.d[buf][r] = real ? d_rows[index] : 0.0f;
+    }
+  };
+  if (num_steps > 0) prefetch(0, 0);
+  cp_async_commit();  // K, V and the first query tile: one group
+
+  float acc_dk[kDimBlocks][4] = {};
+  float acc_dv[kDimBlocks][4] = {};
+
+  for (int step = 0; step < num_steps; ++step) {
+    const int buf = step % kStages;
+    if (step + 1 < num_steps) {
+      // Buffer 1 - buf was last read in step - 1, before the barrier that closed it.
+      prefetch(step + 1, 1 - buf);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // this step's copies (every thread's) and its lse2 and D are visible
+    const long long bh = step_head(step);
+    const int first_row = step_first_row(step);
+
+    // S^T = K_j Q_i^T: the warp's 16 keys against the Br query rows.
+    float s[kRowBlocks][4] = {};
+    warp_gemm_abt<kRowBlocks, kHeadDim, Element>(s, tile.k, warp_key, tile.q[buf], lane);
+
+    // P^T = 2^(S^T * scale log2 e - lse2), masked only on the tiles that need it: keys past seq_kv,
+    // and (causal) tiles whose first query row does not see their last key.
+    const bool needs_mask = first_key + kBlockCols > seq_kv ||
+                            (kCausal && first_key + kBlockCols - 1 > first_row + diagonal);
+#pragma unroll
+    for (int rb = 0; rb < kRowBlocks; ++rb) {
+      const int col = rb * kMmaN + 2 * thread_in_group;  // this lane's query rows col, col + 1 of the tile
+      const float2 l2 = *reinterpret_cast<const float2*>(&tile.lse2[buf][col]);
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[rb][2 * half + e];
+          float p = exp2_approx(fmaf(x, scale_log2, -(e == 0 ? l2.x : l2.y)));
+          if (needs_mask) {
+            const int key = first_key + warp_key + group + 8 * half;
+            const int query = first_row + col + e;
+            if (key >= seq_kv || (kCausal && key > query + diagonal)) p = 0.0f;
+          }
+          x = p;
+        }
+    }
+
+    // dP^T = V_j dO_i^T.
+    float dp[kRowBlocks][4] = {};
+    warp_gemm_abt<kRowBlocks, kHeadDim, Element>(dp, tile.v, warp_key, tile.d_o[buf], lane);
+
+    // dV_j += P^T dO_i: P^T straight from its accumulators into A operands.
+    warp_gemm_acc_b<kBlockRows, kDimBlocks, kHeadDim, Element>(acc_dv, s, tile.d_o[buf], 0, lane);
+
+    // dS^T = P^T o (dP^T - D), D per query row: per accumulator column.
+#pragma unroll
+    for (int rb = 0; rb < kRowBlocks; ++rb) {
+      const int col = rb * kMmaN + 2 * thread_in_group;
+      const float2 d_pair = *reinterpret_cast<const float2*>(&tile.d[buf][col]);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        dp[rb][2 * half] = s[rb][2 * half] * (dp[rb][2 * half] - d_pair.x);
+        dp[rb][2 * half + 1] = s[rb][2 * half + 1] * (dp[rb][2 * half + 1] - d_pair.y);
+      }
+    }
+
+    // dK_j += dS^T Q_i (scaled once, at the end).
+    warp_gemm_acc_b<kBlockRows, kDimBlocks, kHeadDim, Element>(acc_dk, dp, tile.q[buf], 0, lane);
+
+    if constexpr (kAtomicDq) {
+      // dQ_i += dS K_j has query rows, which the warps hold as columns: dS^T goes through shared
+      // memory ([key][query], swizzled, two queries per 4-byte store), and each warp reads back its
+      // part of dS with ldmatrix.trans.
+#pragma unroll
+      for (int rb = 0; rb < kRowBlocks; ++rb)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int r = warp_key + group + 8 * half;
+          const int c = rb * kMmaN + 2 * thread_in_group;
+          *reinterpret_cast<uint32_t*>(&tile.ds[r][swizzled<kBlockRows>(r, c)]) =
+              pack2<Element>(dp[rb][2 * half], dp[rb][2 * half + 1]);
+        }
+      __syncthreads();  // every warp's dS^T is in shared memory
+
+      const int row_tile = warp % kRowTiles;  // the warp's 16 query rows of the tile
+      const int col_group = warp / kRowTiles;
+      const int first_dim = col_group * kDqBlocks * kMmaN;
+      float acc_dq[kDqBlocks][4] = {};
+      // At head_dim 128, where dK and dV take 128 registers per lane, the loop is not unrolled: the
+      // unrolled one holds every step's addresses and spills (-Xptxas -v).
+      constexpr int kDqUnroll = kHeadDim >= 128 ? 1 : kBlockCols / kMmaK;
+#pragma unroll kDqUnroll
+      for (int ks = 0; ks < kBlockCols / kMmaK; ++ks) {
+        // A = dS rows row_tile * 16.., keys ks * 16..: stored transposed, so ldmatrix.trans. Matrices
+        // 0-3 are (keys 0-7, queries 0-7), (keys 0-7, queries 8-15), (keys 8-15, queries 0-7),
+        // (keys 8-15, queries 8-15): a[0..3] of the mma.
+        uint32_t a[4];
+        const int ra = ks * kMmaK + (lane / 16) * 8 + lane % 8;
+        ldmatrix_x4_trans(a, &tile.ds[ra][swizzled<kBlockRows>(ra, row_tile * kMmaM + ((lane / 8) % 2) * 8)]);
+#pragma unroll
+        for (int nb = 0; nb < kDqBlocks; nb += 2) {
+          uint32_t b[4];
+          const int rb = ks * kMmaK + ((lane / 8) % 2) * 8 + lane % 8;
+          ldmatrix_x4_trans(b, &tile.k[rb][swizzled<kHeadDim>(rb, first_dim + nb * kMmaN + (lane / 16) * 8)]);
+          mma_m16n8k16<Element>(acc_dq[nb], a, b[0], b[1]);
+          mma_m16n8k16<Element>(acc_dq[nb + 1], a, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = first_row + row_tile * kMmaM + group + 8 * half;
+        if (row >= seq_q) continue;
+        float* dst = dq_accum + (bh * seq_q + row) * kHeadDim + first_dim + 2 * thread_in_group;
+#pragma unroll
+        for (int nb = 0; nb < kDqBlocks; ++nb)
+          red_add_f32x2(dst + nb * kMmaN, acc_dq[nb][2 * half], acc_dq[nb][2 * half + 1]);
+      }
+    }
+    __syncthreads();  // every warp is done with buffer buf (and dS^T) before they are refilled
+  }
+  cp_async_wait<0>();  // nothing may be in flight when the block exits (num_steps = 0: K and V)
+
+  // dK = scale * dS^T Q and dV, rounded to Element; every key of the tile is written, zeros for keys
+  // no query sees (causal).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int key = first_key + warp_key + group + 8 * half;
+    if (key >= seq_kv) continue;
+    const long long offset = (kv_head * seq_kv + key) * kHeadDim + 2 * thread_in_group;
+#pragma unroll
+    for (int db = 0; db < kDimBlocks; ++db) {
+      *reinterpret_cast<uint32_t*>(dk + offset + db * kMmaN) =
+          pack2<Element>(acc_dk[db][2 * half] * scale, acc_dk[db][2 * half + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dv + offset + db * kMmaN) =
+          pack2<Element>(acc_dv[db][2 * half], acc_dv[db][2 * half + 1]);
+    }
+  }
+}
+
+// 3a. dQ = scale * the fp32 accumulator, rounded to Element; 8 elements (two float4 in, one uint4
+// out) per thread.
+template <typename Element>
+__global__ void __launch_bounds__(256)
+    convert_dq_kernel(const float* dq_accum, Element* dq, long long num_vectors, float scale) {
+  using kernel_detail::pack2;
+  const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= num_vectors) return;
+  const float4 a = reinterpret_cast<const float4*>(dq_accum)[2 * i];
+  const float4 b = reinterpret_cast<const float4*>(dq_accum)[2 * i + 1];
+  uint4 out;
+  out.x = pack2<Element>(a.x * scale, a.y * scale);
+  out.y = pack2<Element>(a.z * scale, a.w * scale);
+  out.z = pack2<Element>(b.x * scale, b.y * scale);
+  out.w = pack2<Element>(b.z * scale, b.w * scale);
+  reinterpret_cast<uint4*>(dq)[i] = out;
+}
+
+// 3b. Deterministic mode: dQ of one query tile, streaming K/V tiles in key order, recomputing
+// S = Q K^T, P, dP = dO V^T and dS per tile; each warp owns 16 query rows and keeps their dQ in
+// registers, so every element has one writer and one order of summation.
+template <typename Element, int kHeadDim, bool kCausal, class Config>
+__global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
+    dq_kernel(const Element* q, const Element* k, const Element* v, const Element* d_o, const float* lse,
+              const float* d_rows, Element* dq, int heads_q, int heads_kv, int seq_q, int seq_kv, float scale,
+              float scale_log2, int num_q_tiles, int num_heads_total) {
+  using namespace kernel_detail;
+  using Shared = QueryTileShared<Element, kHeadDim, Config>;
+  constexpr int kThreads = Config::kWarps * 32;
+  constexpr int kBlockRows = Config::kBlockRows;
+  constexpr int kBlockCols = Config::kBlockCols;
+  constexpr int kKeyBlocks = kBlockCols / kMmaN;  // accumulator n-blocks of S and dP per lane
+  constexpr int kDimBlocks = kHeadDim / kMmaN;    // accumulator n-blocks of dQ per lane
+  static_assert(kBlockCols % kMmaK == 0 && kKeyBlocks % 2 == 0 && kDimBlocks % 2 == 0, "whole k-steps, pairs");
+  static_assert(sizeof(Shared) % 16 == 0 && sizeof(Element) == 2, "16-bit elements, 16-byte rows");
+  extern __shared__ uint4 shared_raw[];
+  Shared& tile = *reinterpret_cast<Shared*>(shared_raw);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group = lane / 4;
+  const int thread_in_group = lane % 4;
+  const int warp_row = warp * kMmaM;
+
+  // As stage 10's forward: causal, the longest query tile of every head first.
+  long long bh;
+  int q_tile;
+  if (kCausal) {
+    bh = blockIdx.x % num_heads_total;
+    q_tile = num_q_tiles - 1 - static_cast<int>(blockIdx.x / num_heads_total);
+  } else {
+    bh = blockIdx.x / num_q_tiles;
+    q_tile = static_cast<int>(blockIdx.x % num_q_tiles);
+  }
+  const int first_row = q_tile * kBlockRows;
+  const int b = static_cast<int>(bh / heads_q);
+  const int h = static_cast<int>(bh % heads_q);
+  const long long kv_head = static_cast<long long>(b) * heads_kv + flash::kv_head_of(h, heads_q, heads_kv);
+  const Element* k_head = k + kv_head * seq_kv * kHeadDim;
+  const Element* v_head = v + kv_head * seq_kv * kHeadDim;
+  const int diagonal = seq_kv - seq_q;
+
+  load_rows_async<kBlockRows, kHeadDim, kThreads>(tile.q, q + bh * seq_q * kHeadDim, first_row, seq_q);
+  load_rows_async<kBlockRows, kHeadDim, kThreads>(tile.d_o, d_o + bh * seq_q * kHeadDim, first_row, seq_q);
+
+  // This lane's two rows (g and g + 8 of the warp's 16): their lse2 and D, in registers.
+  float row_lse2[2], row_d[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = first_row + warp_row + group + 8 * half;
+    const bool real = row < seq_q;
+    row_lse2[half] = lse_base2(lse, bh * seq_q + row, real);
+    row_d[half] = real ? d_rows[bh * seq_q + row] : 0.0f;
+  }
+
+  const int last_row = min(first_row + kBlockRows, seq_q) - 1;
+  const int key_end = kCausal ? min(seq_kv, flash::causal_key_end(last_row, seq_q, seq_kv)) : seq_kv;
+  const int num_tiles = key_end > 0 ? (key_end + kBlockCols - 1) / kBlockCols : 0;
+  if (num_tiles > 0) {
+    load_rows_async<kBlockCols, kHeadDim, kThreads>(tile.k[0], k_head, 0, seq_kv);
+    load_rows_async<kBlockCols, kHeadDim, kThreads>(tile.v[0], v_head, 0, seq_kv);
+  }
+  cp_async_commit();
+
+  float acc_dq[kDimBlocks][4] = {};
+  for (int j = 0; j < num_tiles; ++j) {
+    const int first_key = j * kBlockCols;
+    const int buf = j % kStages;
+    if (j + 1 < num_tiles) {
+      load_rows_async<kBlockCols, kHeadDim, kThreads>(tile.k[1 - buf], k_head, first_key + kBlockCols, seq_kv);
+      load_rows_async<kBlockCols, kHeadDim, kThreads>(tile.v[1 - buf], v_head, first_key + kBlockCols, seq_kv);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    // S = Q_i K_j^T and P = 2^(S * scale log2 e - lse2), masked where needed.
+    float s[kKeyBlocks][4] = {};
+    warp_gemm_abt<kKeyBlocks, kHeadDim, Element>(s, tile.q, warp_row, tile.k[buf], lane);
+    const bool needs_mask =
+        first_key + kBlockCols > seq_kv || (kCausal && first_key + kBlockCols - 1 > first_row + diagonal);
+#pragma unroll
+    for (int kb = 0; kb < kKeyBlocks; ++kb)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& x = s[kb][2 * half + e];
+          float p = exp2_approx(fmaf(x, scale_log2, -row_lse2[half]));
+          if (needs_mask) {
+            const int key = first_key + kb * kMmaN + 2 * thread_in_group + e;
+            const int row = first_row + warp_row + group + 8 * half;
+            if (key >= seq_kv || (kCausal && key > row + diagonal)) p = 0.0f;
+          }
+          x = p;
+        }
+
+    // dP = dO_i V_j^T, then dS = P o (dP - D) in place.
+    float dp[kKeyBlocks][4] = {};
+    warp_gemm_abt<kKeyBlocks, kHeadDim, Element>(dp, tile.d_o, warp_row, tile.v[buf], lane);
+#pragma unroll
+    for (int kb = 0; kb < kKeyBlocks; ++kb)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) dp[kb][2 * half + e] = s[kb][2 * half + e] * (dp[kb][2 * half + e] - row_d[half]);
+
+    // dQ_i += dS K_j: dS from its accumulators, K read transposed (as V in the forward's P V).
+    warp_gemm_acc_b<kBlockCols, kDimBlocks, kHeadDim, Element>(acc_dq, dp, tile.k[buf], 0, lane);
+    __syncthreads();  // every warp is done with buffer buf before it is refilled
+  }
+  cp_async_wait<0>();
+
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = first_row + warp_row + group + 8 * half;
+    if (row >= seq_q) continue;
+    Element* dq_row = dq + (bh * seq_q + row) * kHeadDim + 2 * thread_in_group;
+#pragma unroll
+    for (int db = 0; db < kDimBlocks; ++db)
+      *reinterpret_cast<uint32_t*>(dq_row + db * kMmaN) =
+          pack2<Element>(acc_dq[db][2 * half] * scale, acc_dq[db][2 * half + 1] * scale);
+  }
+}
+
+}  // namespace stage11
