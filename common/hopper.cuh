@@ -172,17 +172,23 @@ __device__ inline void fence_proxy_async_shared() {
 
 // =============================================================================================
 // Named barriers (#parallel-synchronization-and-communication-instructions-bar-barrier): 16 per
-// CTA, ids 0 to 15; id 0 is the one __syncthreads() uses. bar.sync waits until `threads` threads
-// (a multiple of 32) have arrived at barrier `id`, counting itself; bar.arrive counts itself and
-// goes on. Two warpgroups take turns with them: one syncs, the other arrives.
+// CTA, ids 0 to 15; id 0 is the one __syncthreads() uses. bar.sync waits until kThreads threads
+// (a multiple of 32) have arrived at barrier kId, counting itself; bar.arrive counts itself and
+// goes on. Two warpgroups take turns with them: one syncs, the other arrives. The id and the count
+// are immediates: with a register for the id, ptxas cannot tell which barriers a kernel uses and
+// reserves all 16 ("used 16 barriers" in -Xptxas -v).
 // =============================================================================================
 
-__device__ inline void named_barrier_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+template <int kId, int kThreads>
+__device__ inline void named_barrier_sync() {
+  static_assert(kId >= 1 && kId < 16 && kThreads % 32 == 0, "ids 1 to 15 (0 is __syncthreads'), whole warps");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
-__device__ inline void named_barrier_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+template <int kId, int kThreads>
+__device__ inline void named_barrier_arrive() {
+  static_assert(kId >= 1 && kId < 16 && kThreads % 32 == 0, "ids 1 to 15 (0 is __syncthreads'), whole warps");
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
 // =============================================================================================

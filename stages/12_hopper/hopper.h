@@ -22,6 +22,28 @@ size_t forward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, i
 // error that kept it from asking. forward() calls it after its argument checks.
 flash::Status check_gpu();
 
+// The kernel configurations the lesson measures, each adding one piece to the one before it
+// (hopper_kernel.cuh, HopperConfig). kRegistered is the one forward() runs: kRegisteredVariant.
+enum class Variant : int {
+  kRegistered = 0,
+  kOneConsumer,    // version A: one consumer warpgroup (64 query rows) and a producer warp, in order
+  kTwoConsumers,   // two consumer warpgroups (128 rows) share each K/V tile
+  kRegisterSplit,  // the producer is a warpgroup that gives its registers to the consumers (setmaxnreg)
+  kPingPong,       // the two consumers take turns on the tensor cores (named barriers)
+  kIntraOverlap,   // version B: and each overlaps its softmax with its previous P V product
+};
+constexpr int kVariantCount = 6;
+constexpr Variant kRegisteredVariant = Variant::kOneConsumer;
+
+// "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
+const char* variant_name(Variant variant);
+
+// forward() with one of the variants; the same checks, the same result up to rounding.
+flash::Status forward_variant(Variant variant, const void* q, const void* k, const void* v, void* o, float* lse,
+                              int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale,
+                              bool causal, flash::DType dtype, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream);
+
 // O = softmax(scale * Q K^T) V, and each row's log-sum-exp into lse when it is not null; scale is
 // usually 1 / sqrt(head_dim). causal = true applies the bottom-right aligned mask
 // (flash::causal_key_end); a row that sees no key gets O = 0 and lse = -inf. dtype is kFp16 or
