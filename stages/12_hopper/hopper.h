@@ -33,7 +33,7 @@ enum class Variant : int {
   kIntraOverlap,   // version B: and each overlaps its softmax with its previous P V product
 };
 constexpr int kVariantCount = 6;
-constexpr Variant kRegisteredVariant = Variant::kOneConsumer;
+constexpr Variant kRegisteredVariant = Variant::kIntraOverlap;
 
 // "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
 const char* variant_name(Variant variant);
