@@ -1,9 +1,10 @@
 // hopper.cuh: the inline-PTX wrappers that stage 12 names in its lesson, for the instructions only
 // compute capability 9.0 has. Like tensor_core.cuh, each wrapper is one PTX instruction (or a spin
 // on one), so that the stage reads as the algorithm and this file as the instruction set. Every
-// wrapper cites the section of the PTX ISA it follows, by the anchor of
-// https://docs.nvidia.com/cuda/parallel-thread-execution/ (the numbers of the sections change
-// between PTX versions, the anchors do not); this file was written against PTX ISA 9.0 (CUDA 13.0).
+// wrapper cites the section of the PTX ISA it follows by the name of its anchor on the page
+// https://docs.nvidia.com/cuda/parallel-thread-execution/ (the page's address, '#', the name: the
+// numbers of the sections change between PTX versions, the anchors do not); this file was written
+// against PTX ISA 9.0 (CUDA 13.0).
 //
 // Two targets are involved:
 // - sm_90 (any compute capability 9.0 build): the tensor memory accelerator (cp.async.bulk.tensor),
@@ -15,9 +16,9 @@
 //
 // The words used below:
 // - a warpgroup is 4 consecutive warps, the first of which has a warp index divisible by 4
-//   (#asynchronous-warpgroup-level-matrix-instructions-warpgroup): 128 threads that issue one wgmma;
+//   (asynchronous-warpgroup-level-matrix-instructions-warpgroup): 128 threads that issue one wgmma;
 // - the generic proxy is the path ordinary loads and stores take to memory; the async proxy is the
-//   path of the copy engine (TMA) and of wgmma's operand reads (#proxies in the memory consistency
+//   path of the copy engine (TMA) and of wgmma's operand reads (proxies in the memory consistency
 //   model). Writes through one proxy are seen by the other only after a proxy fence.
 #pragma once
 
@@ -28,6 +29,8 @@
 #include <cstdint>
 #include <type_traits>
 
+/// \cond HOPPER_INTERNAL
+// FLASH_HOPPER_SM90 / FLASH_HOPPER_SM90A: 1 while nvcc compiles device code for those targets.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define FLASH_HOPPER_SM90 1
 #else
@@ -38,6 +41,7 @@
 #else
 #define FLASH_HOPPER_SM90A 0
 #endif
+/// \endcond
 
 namespace hopper {
 
@@ -49,13 +53,13 @@ __device__ inline uint32_t shared_address(const void* p) {
 
 // =============================================================================================
 // mbarrier: a 64-bit object in shared memory that counts arrivals and, since sm_90, bytes
-// (#parallel-synchronization-and-communication-instructions-mbarrier). A phase completes when the
+// (parallel-synchronization-and-communication-instructions-mbarrier). A phase completes when the
 // expected number of threads has arrived AND the transaction count (bytes announced by
 // expect_tx, minus bytes the copy engine has delivered) is back to zero; the barrier then starts
 // the next phase. Waiters name the phase they wait for by its parity (0, 1, 0, 1, ...).
 // =============================================================================================
 
-// mbarrier.init (#parallel-synchronization-and-communication-instructions-mbarrier-init): the
+// mbarrier.init (parallel-synchronization-and-communication-instructions-mbarrier-init): the
 // barrier starts in phase 0, expecting `count` arrivals per phase.
 __device__ inline void mbarrier_init(uint64_t* bar, uint32_t count) {
 #if FLASH_HOPPER_SM90
@@ -64,7 +68,7 @@ __device__ inline void mbarrier_init(uint64_t* bar, uint32_t count) {
 }
 
 // Makes the mbarrier.init above visible to the other threads and to the copy engine before they
-// use the barrier: fence.mbarrier_init.release.cluster (#parallel-synchronization-and-communication-
+// use the barrier: fence.mbarrier_init.release.cluster (parallel-synchronization-and-communication-
 // instructions-membar, the lightweight fence for mbarrier.init), then fence.proxy.async.shared::cta
 // (the init was a generic-proxy write; the copy engine updates the barrier through the async proxy;
 // the CUDA programming guide's TMA example fences the same way). A __syncthreads() must follow.
@@ -75,7 +79,7 @@ __device__ inline void fence_barrier_init() {
 #endif
 }
 
-// mbarrier.arrive.expect_tx (#parallel-synchronization-and-communication-instructions-mbarrier-
+// mbarrier.arrive.expect_tx (parallel-synchronization-and-communication-instructions-mbarrier-
 // expect-tx, -mbarrier-arrive): announces `bytes` more bytes for the current phase, then arrives
 // once. The producer calls it just before it issues the copies that deliver those bytes. Default
 // semantics .release at .cta scope.
@@ -86,7 +90,7 @@ __device__ inline void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) 
 #endif
 }
 
-// mbarrier.arrive (#parallel-synchronization-and-communication-instructions-mbarrier-arrive): one
+// mbarrier.arrive (parallel-synchronization-and-communication-instructions-mbarrier-arrive): one
 // arrival, with release semantics at .cta scope: what this thread did before (for a consumer: its
 // reads of a shared-memory buffer, completed) happens before the phase completes.
 __device__ inline void mbarrier_arrive(uint64_t* bar) {
@@ -95,7 +99,7 @@ __device__ inline void mbarrier_arrive(uint64_t* bar) {
 #endif
 }
 
-// mbarrier.try_wait.parity (#parallel-synchronization-and-communication-instructions-mbarrier-test-
+// mbarrier.try_wait.parity (parallel-synchronization-and-communication-instructions-mbarrier-test-
 // wait-try-wait): true once the phase of parity `parity` has completed. try_wait may suspend the
 // thread for a time the hardware chooses before it answers false; acquire semantics at .cta scope,
 // so that the bytes the copy engine delivered in that phase are visible after a true answer.
@@ -134,7 +138,7 @@ __device__ inline void mbarrier_wait(uint64_t* bar, uint32_t parity) {
 // =============================================================================================
 
 // cp.async.bulk.tensor.2d/.3d, global to shared, tile mode, completion on an mbarrier
-// (#data-movement-and-conversion-instructions-cp-async-bulk-tensor). `map` must be the address of
+// (data-movement-and-conversion-instructions-cp-async-bulk-tensor). `map` must be the address of
 // a __grid_constant__ kernel parameter (or of global/const memory holding the map); coordinates
 // are in elements, innermost dimension first, and may lie partly or wholly outside the tensor.
 // The destination is written as .shared::cluster, the state space PTX 8.0 defines for it; a CTA's
@@ -149,6 +153,7 @@ __device__ inline void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* 
 #endif
 }
 
+// The same in three dimensions (stage 12's maps: head_dim, sequence, batch x heads).
 __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar, int c0, int c1, int c2) {
 #if FLASH_HOPPER_SM90
   asm volatile(
@@ -159,7 +164,7 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* 
 #endif
 }
 
-// fence.proxy.async.shared::cta (#parallel-synchronization-and-communication-instructions-membar):
+// fence.proxy.async.shared::cta (parallel-synchronization-and-communication-instructions-membar):
 // orders this thread's generic-proxy accesses to shared memory before its later async-proxy ones
 // (and the other way). Needed where ordinary stores write shared memory that wgmma or the copy
 // engine reads next; not needed between a TMA write and a wgmma read (both async proxy, ordered by
@@ -171,7 +176,7 @@ __device__ inline void fence_proxy_async_shared() {
 }
 
 // =============================================================================================
-// Named barriers (#parallel-synchronization-and-communication-instructions-bar-barrier): 16 per
+// Named barriers (parallel-synchronization-and-communication-instructions-bar-barrier): 16 per
 // CTA, ids 0 to 15; id 0 is the one __syncthreads() uses. bar.sync waits until kThreads threads
 // (a multiple of 32) have arrived at barrier kId, counting itself; bar.arrive counts itself and
 // goes on. Two warpgroups take turns with them: one syncs, the other arrives. The id and the count
@@ -179,12 +184,14 @@ __device__ inline void fence_proxy_async_shared() {
 // reserves all 16 ("used 16 barriers" in -Xptxas -v).
 // =============================================================================================
 
+// bar.sync kId, kThreads: wait until kThreads threads, this one included, have arrived at barrier kId.
 template <int kId, int kThreads>
 __device__ inline void named_barrier_sync() {
   static_assert(kId >= 1 && kId < 16 && kThreads % 32 == 0, "ids 1 to 15 (0 is __syncthreads'), whole warps");
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
+// bar.arrive kId, kThreads: count this thread at barrier kId and go on without waiting.
 template <int kId, int kThreads>
 __device__ inline void named_barrier_arrive() {
   static_assert(kId >= 1 && kId < 16 && kThreads % 32 == 0, "ids 1 to 15 (0 is __syncthreads'), whole warps");
@@ -192,13 +199,15 @@ __device__ inline void named_barrier_arrive() {
 }
 
 // =============================================================================================
-// Register reallocation (#miscellaneous-instructions-setmaxnreg, sm_90a): a warpgroup gives
+// Register reallocation (miscellaneous-instructions-setmaxnreg, sm_90a): a warpgroup gives
 // registers back to the CTA's pool (dec) or takes more from it (inc, which blocks until the pool
 // has them). All 4 warps of the warpgroup must execute the same instruction; the count is 24 to
 // 256, a multiple of 8; it takes effect only in a kernel compiled with a register cap
 // (__launch_bounds__(threads, 1)). New registers start undefined.
 // =============================================================================================
 
+// setmaxnreg.inc.sync.aligned.u32 kRegisters: this warpgroup's threads take registers from the
+// block's pool until each owns kRegisters; blocks until the pool has them.
 template <int kRegisters>
 __device__ inline void setmaxnreg_inc() {
   static_assert(kRegisters >= 24 && kRegisters <= 256 && kRegisters % 8 == 0, "setmaxnreg: 24 to 256, multiple of 8");
@@ -207,6 +216,8 @@ __device__ inline void setmaxnreg_inc() {
 #endif
 }
 
+// setmaxnreg.dec.sync.aligned.u32 kRegisters: this warpgroup's threads give registers back to the
+// block's pool, down to kRegisters each.
 template <int kRegisters>
 __device__ inline void setmaxnreg_dec() {
   static_assert(kRegisters >= 24 && kRegisters <= 256 && kRegisters % 8 == 0, "setmaxnreg: 24 to 256, multiple of 8");
@@ -216,14 +227,14 @@ __device__ inline void setmaxnreg_dec() {
 }
 
 // =============================================================================================
-// wgmma: warpgroup matrix multiply-accumulate, asynchronous (#asynchronous-warpgroup-level-matrix-
+// wgmma: warpgroup matrix multiply-accumulate, asynchronous (asynchronous-warpgroup-level-matrix-
 // instructions, sm_90a). D (64 x N, fp32, in the registers of the 128 threads) += A (64 x 16) *
 // B (16 x N). B is always read from shared memory, through a matrix descriptor; A from shared
 // memory (descriptor) or from registers. The instruction only issues the work: results may be
 // read after wgmma.commit_group and wgmma.wait_group, and the registers it reads or writes must
 // not be touched in between.
 //
-// Register fragments (#asynchronous-warpgroup-level-matrix-register-fragment-wgmma-64n16). Warp w of
+// Register fragments (asynchronous-warpgroup-level-matrix-register-fragment-wgmma-64n16). Warp w of
 // the warpgroup owns rows 16w to 16w + 15 of D and of A; inside a warp, with g = lane / 4 and
 // t = lane % 4, exactly as mma.sync.m16n8k16 (tensor_core.cuh):
 //   D: d[4i + 0], d[4i + 1] = D[16w + g][8i + 2t], D[16w + g][8i + 2t + 1]
@@ -233,7 +244,7 @@ __device__ inline void setmaxnreg_dec() {
 // So S's accumulators become P's A operand without leaving the thread, as in stages 08-10.
 // =============================================================================================
 
-// wgmma.fence (#asynchronous-warpgroup-level-matrix-instructions-wgmma-fence): orders this
+// wgmma.fence (asynchronous-warpgroup-level-matrix-instructions-wgmma-fence): orders this
 // warpgroup's earlier register accesses (and shared-memory accesses) before the wgmma.mma_async
 // that follow. Required before the first wgmma of a batch whose accumulators or A registers were
 // written by ordinary instructions (the softmax rescaling O, P written from S).
@@ -243,7 +254,7 @@ __device__ inline void wgmma_fence() {
 #endif
 }
 
-// wgmma.commit_group (#asynchronous-warpgroup-level-matrix-instructions-wgmma-commit-group): closes
+// wgmma.commit_group (asynchronous-warpgroup-level-matrix-instructions-wgmma-commit-group): closes
 // the group of wgmma.mma_async issued since the last commit.
 __device__ inline void wgmma_commit_group() {
 #if FLASH_HOPPER_SM90A
@@ -251,7 +262,7 @@ __device__ inline void wgmma_commit_group() {
 #endif
 }
 
-// wgmma.wait_group N (#asynchronous-warpgroup-level-matrix-instructions-wgmma-wait-group): waits
+// wgmma.wait_group N (asynchronous-warpgroup-level-matrix-instructions-wgmma-wait-group): waits
 // until at most kPending of this thread's committed groups are unfinished; groups finish in the
 // order they were committed. After it, the accumulators of the finished groups may be read and
 // their shared-memory operands overwritten.
@@ -271,6 +282,7 @@ __device__ inline void fence_registers(float (&x)[kCount]) {
   for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(x[i])::"memory");
 }
 
+// The same for a register A operand: kCount fragments of 4 registers.
 template <int kCount>
 __device__ inline void fence_registers(uint32_t (&x)[kCount][4]) {
 #pragma unroll
@@ -279,7 +291,7 @@ __device__ inline void fence_registers(uint32_t (&x)[kCount][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(x[i][e])::"memory");
 }
 
-// The shared-memory matrix descriptor (#asynchronous-warpgroup-level-matrix-shared-memory-layout-
+// The shared-memory matrix descriptor (asynchronous-warpgroup-level-matrix-shared-memory-layout-
 // matrix-descriptor), 64 bits:
 //   bits  0-13: start address >> 4            (matrix-descriptor-encode(x) = (x & 0x3FFFF) >> 4)
 //   bits 16-29: leading dimension byte offset >> 4
@@ -288,7 +300,7 @@ __device__ inline void fence_registers(uint32_t (&x)[kCount][4]) {
 //               (1024 bytes for the 128-byte swizzle), which every tile of stage 12 does
 //   bits 62-63: swizzle mode: 0 none, 1 128-byte, 2 64-byte, 3 32-byte.
 // Only the 128-byte swizzle is used here (kSwizzle128B); its layout, for 16-bit elements
-// (#asynchronous-warpgroup-level-canonical-layouts, with T = 8 elements = 16 bytes):
+// (asynchronous-warpgroup-level-canonical-layouts, with T = 8 elements = 16 bytes):
 //   K-major  (each row's K elements contiguous; Q and K, both operands of S = Q K^T):
 //     ((8, m), (T, 2k)) : ((8T, SBO), (1, T)), swizzled by Swizzle<3,4,3>:
 //     8 rows of 128 bytes (64 elements of K) form a 1024-byte atom; SBO is the byte distance from
@@ -303,6 +315,9 @@ __device__ inline void fence_registers(uint32_t (&x)[kCount][4]) {
 // exactly that pattern, so a tile the copy engine loaded is an operand as it lies.
 constexpr uint64_t kSwizzle128B = 1;
 
+// The descriptor of an operand that starts at `start` (shared memory), with these byte offsets (each
+// a multiple of 16) and swizzle mode; base offset 0, so `start` lies in an atom that begins on the
+// swizzle's repeat boundary.
 __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading_byte_offset,
                                              uint32_t stride_byte_offset, uint64_t swizzle = kSwizzle128B) {
   auto encode = [](uint32_t x) { return static_cast<uint64_t>((x & 0x3FFFF) >> 4); };
@@ -310,6 +325,7 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
          swizzle << 62;
 }
 
+/// \cond HOPPER_INTERNAL
 // The accumulator operands of one wgmma: N / 2 floats per thread, as "+f" asm operands.
 #define FLASH_WGMMA_ACC8(d, i)                                                                             \
   "+f"(d[(i) + 0]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), "+f"(d[(i) + 5]), \
@@ -327,12 +343,12 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
   "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
 
 // wgmma.mma_async with A and B from shared memory
-// (#asynchronous-warpgroup-level-matrix-instructions-wgmma-mma-async):
+// (asynchronous-warpgroup-level-matrix-instructions-wgmma-mma-async):
 //   wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T d, a-desc, b-desc, scale-d, imm-scale-a,
 //                                                 imm-scale-b, imm-trans-a, imm-trans-b;
 // scale-d is a predicate: false computes D = A * B (the accumulators' old values are ignored),
-// true D = A * B + D. imm-scale-a = -1 negates A (stage 12 uses it for a negative softmax scale).
-// imm-trans-a/b = 0: K-major, 1: MN-major ("transposed").
+// true D = A * B + D. imm-scale-a = -1 negates A. imm-trans-a/b = 0: K-major, 1: MN-major
+// ("transposed"). The instruction text of one shape and type; wgmma_ss below picks it.
 #define FLASH_WGMMA_SS(SHAPE, TYPE, DREGS, ACC, A, B, SCALE_D, SCALE_A, TRANS_B)                              \
   asm volatile("{\n"                                                                                          \
                ".reg .pred p;\n"                                                                              \
@@ -346,6 +362,7 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
 // wgmma.mma_async with A from registers, B from shared memory:
 //   wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T d, a, b-desc, scale-d, imm-scale-a, imm-scale-b,
 //                                                 imm-trans-b;
+// The instruction text of one shape and type; wgmma_rs below picks it.
 #define FLASH_WGMMA_RS(SHAPE, TYPE, DREGS, ACC, A0, A1, A2, A3, B, SCALE_D, TRANS_B)                         \
   asm volatile("{\n"                                                                                          \
                ".reg .pred p;\n"                                                                              \
@@ -356,10 +373,7 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
                : ACC                                                                                          \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate)),  \
                  "n"(kTransB))
-
-// The PTX type of Element: "bf16" or "f16".
-template <typename Element>
-constexpr bool kIsBf16 = std::is_same_v<Element, __nv_bfloat16>;
+/// \endcond
 
 // D (64 x N) (+)= A (64 x 16, shared memory, desc_a) * B (16 x N, shared memory, desc_b), N = 64 or
 // 128, fp32 accumulators d[N / 2]. kScaleA: 1, or -1 to negate A. kTransB: 0 K-major B, 1 MN-major.
@@ -370,12 +384,12 @@ __device__ inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t des
   static_assert(kTransB == 0 || kTransB == 1, "imm-trans-b is 0 or 1");
 #if FLASH_HOPPER_SM90A
   if constexpr (N == 64) {
-    if constexpr (kIsBf16<Element>)
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>)
       FLASH_WGMMA_SS("m64n64k16", "bf16", FLASH_WGMMA_D32, FLASH_WGMMA_ACC32(d, 0), "32", "33", "34", "35", "36");
     else
       FLASH_WGMMA_SS("m64n64k16", "f16", FLASH_WGMMA_D32, FLASH_WGMMA_ACC32(d, 0), "32", "33", "34", "35", "36");
   } else {
-    if constexpr (kIsBf16<Element>)
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>)
       FLASH_WGMMA_SS("m64n128k16", "bf16", FLASH_WGMMA_D64, FLASH_WGMMA_ACC64(d), "64",
                      "65", "66", "67", "68");
     else
@@ -395,14 +409,14 @@ __device__ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint6
   static_assert(kTransB == 0 || kTransB == 1, "imm-trans-b is 0 or 1");
 #if FLASH_HOPPER_SM90A
   if constexpr (N == 64) {
-    if constexpr (kIsBf16<Element>)
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>)
       FLASH_WGMMA_RS("m64n64k16", "bf16", FLASH_WGMMA_D32, FLASH_WGMMA_ACC32(d, 0), "32", "33", "34", "35", "36", "37",
                      "38");
     else
       FLASH_WGMMA_RS("m64n64k16", "f16", FLASH_WGMMA_D32, FLASH_WGMMA_ACC32(d, 0), "32", "33", "34", "35", "36", "37",
                      "38");
   } else {
-    if constexpr (kIsBf16<Element>)
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>)
       FLASH_WGMMA_RS("m64n128k16", "bf16", FLASH_WGMMA_D64, FLASH_WGMMA_ACC64(d), "64",
                      "65", "66", "67", "68", "69", "70");
     else

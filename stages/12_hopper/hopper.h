@@ -32,7 +32,9 @@ enum class Variant : int {
   kPingPong,       // the two consumers take turns on the tensor cores (named barriers)
   kIntraOverlap,   // version B: and each overlaps its softmax with its previous P V product
 };
+// How many Variant values there are, kRegistered included.
 constexpr int kVariantCount = 6;
+// The configuration forward() runs: version B, every piece switched on.
 constexpr Variant kRegisteredVariant = Variant::kIntraOverlap;
 
 // "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
