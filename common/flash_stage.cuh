@@ -33,7 +33,7 @@ enum class StatusCode : int {
   kWorkspaceTooSmall,     // workspace_bytes < the stage's forward_workspace_size
   kCudaError,             // CUDA itself failed; cuda_error says how
   kDtypeNotSupported,     // the tensors' element type is not one this stage was compiled for
-  kArchNotSupported,      // the GPU lacks an instruction the stage needs (value: its compute capability)
+  kArchNotSupported,      // the GPU (or the build) lacks an instruction the stage needs (value: its compute capability)
   kSharedMemoryTooSmall,  // the smallest tiles need more shared memory per block than the GPU allows
 };
 
@@ -143,6 +143,14 @@ inline std::string describe_shared_memory_limit(long long limit) {
   return gpu;
 }
 
+// The current GPU's name for a message, e.g. "NVIDIA H100 80GB HBM3"; empty when CUDA cannot say.
+inline std::string current_gpu_name() {
+  int device = 0;
+  cudaDeviceProp prop;
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "";
+  return prop.name;
+}
+
 // The message a user sees, e.g. "invalid dimension: seq_q = 0 (must be >= 1)".
 inline std::string to_string(const Status& s) {
   std::string msg = status_name(s.code);
@@ -168,10 +176,17 @@ inline std::string to_string(const Status& s) {
     case StatusCode::kCudaError: msg += ": " + std::string(cudaGetErrorString(s.cuda_error)); break;
     case StatusCode::kDtypeNotSupported:
       msg += ": " + arg + " = " + dtype_name(static_cast<DType>(s.value)); break;
-    case StatusCode::kArchNotSupported:
-      msg += ": the GPU has compute capability " + std::to_string(s.value / 10) + "." + std::to_string(s.value % 10) +
-             ", this stage needs " + std::to_string(s.required / 10) + "." + std::to_string(s.required % 10) +
-             " or newer"; break;
+    case StatusCode::kArchNotSupported: {
+      // The GPU by name where CUDA can say, then what the stage needs: "or newer" by default, the
+      // detail where the stage's requirement is not a minimum (stage 12: Hopper only, sm_90a code).
+      const std::string name = current_gpu_name();
+      msg += ": the GPU" + (name.empty() ? std::string() : " (" + name + ")") + " has compute capability " +
+             std::to_string(s.value / 10) + "." + std::to_string(s.value % 10) + ", " +
+             (s.detail ? detail
+                       : "this stage needs " + std::to_string(s.required / 10) + "." +
+                             std::to_string(s.required % 10) + " or newer");
+      break;
+    }
     case StatusCode::kSharedMemoryTooSmall:
       msg += ": this stage's smallest tiles need " + std::to_string(s.required) + " bytes per block, " + val +
              " are allowed on " + describe_shared_memory_limit(s.value); break;

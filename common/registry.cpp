@@ -14,6 +14,7 @@
 #include "09_swizzle_pipeline/swizzle_pipeline.h"
 #include "10_flash2/flash2.h"
 #include "11_backward_tc/backward_tc.h"
+#include "12_hopper/hopper.h"
 #include "13_decoding/decoding.h"
 
 // The exercises' entry points. exercises/NN_name/*.cu is its stage's source compiled with
@@ -128,7 +129,10 @@ const std::vector<Stage>& stages() {
          "dQ, dK, dV on the tensor cores, parallel over K/V tiles; dQ by fp32 atomics, or a deterministic pass",
          true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, stage10::forward, stage10::forward_workspace_size,
          stage11::backward, stage11::backward_workspace_size},
-        // 12 (Hopper) is planned; 13 keeps its number.
+        {12, "12_hopper", "hopper",
+         "Hopper: wgmma from shared memory, TMA loads on mbarriers, a producer warp and consumer warpgroups, "
+         "setmaxnreg",
+         true, {DType::kBf16, DType::kFp16}, {64, 128}, stage12::forward, stage12::forward_workspace_size},
         {13, "13_decoding", "decoding",
          "split-KV decoding: a few new queries against a long (and paged) KV cache, split across blocks, merged "
          "as in 03",
@@ -146,6 +150,13 @@ const std::vector<Stage>& stages() {
     // Stage 11 sums dQ with atomics unless asked to be deterministic.
     for (Stage& s : list)
       if (s.number == 11) s.backward_atomic = true;
+    // The Hopper stage: sm_90a code, which runs on compute capability 9.0 alone, and only in a build
+    // that compiled it (stage12::check_gpu says which).
+    for (Stage& s : list)
+      if (s.number == 12) {
+        s.min_compute_capability = s.max_compute_capability = 90;
+        s.check_gpu = stage12::check_gpu;
+      }
     // The decoding stage: a few query rows, and a second entry point over a paged cache.
     Stage& decoding = list.back();
     decoding.max_seq_q = stage13::kMaxSeqQ;
@@ -163,8 +174,10 @@ std::string stage_numbers() {
     size_t last = i;  // the end of a run of consecutive numbers
     while (last + 1 < all.size() && all[last + 1].number == all[last].number + 1) ++last;
     list += (list.empty() ? "" : ", ") + std::to_string(all[i].number);
-    if (last > i) list += " to " + std::to_string(all[last].number);
-    i = last;
+    if (last > i + 1) {
+      list += " to " + std::to_string(all[last].number);
+      i = last;
+    }
   }
   return list;
 }
@@ -220,6 +233,13 @@ bool Stage::supports(const harness::Problem& p) const {
          std::find(head_dims.begin(), head_dims.end(), p.head_dim) != head_dims.end();
 }
 
+bool Stage::runs_wherever(const Stage& other) const {
+  const bool min_covered = other.min_compute_capability <= min_compute_capability;
+  const bool max_covered = other.max_compute_capability == 0 ||
+                           (max_compute_capability != 0 && max_compute_capability <= other.max_compute_capability);
+  return min_covered && max_covered;
+}
+
 bool Stage::has_dtype(flash::DType dtype) const { return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end(); }
 
 std::string Stage::dtype_list() const {
@@ -251,7 +271,8 @@ const Stage* previous(const Stage& stage, const harness::Problem& p) {
   const Stage* prev = nullptr;
   for (const Stage& s : stages())
     // A stage whose forward is the one before it (stage 11 runs stage 10's) adds no forward of its own.
-    if (s.number < stage.number && s.supports(s.in_own_dtype(p)) && !(prev && prev->forward == s.forward))
+    if (s.number < stage.number && s.supports(s.in_own_dtype(p)) && stage.runs_wherever(s) &&
+        !(prev && prev->forward == s.forward))
       prev = &s;
   return prev;
 }

@@ -33,6 +33,9 @@ using PagedForwardFn = flash::Status (*)(const void* q, const void* k_pages, con
                                          int page_size, int num_pages, int max_pages_per_seq, float scale,
                                          bool causal, flash::DType dtype, void* workspace, size_t workspace_bytes,
                                          cudaStream_t stream);
+// A stage's own check of this GPU and this build, before it runs (stage12::check_gpu): success, or
+// kArchNotSupported saying why not, or the CUDA error that kept it from asking.
+using GpuCheckFn = flash::Status (*)();
 // The workspace bytes of PagedForwardFn for these sizes.
 using PagedWorkspaceFn = size_t (*)(int batch, int heads_q, int heads_kv, int seq_q, int head_dim, int page_size,
                                     int max_pages_per_seq);
@@ -71,6 +74,12 @@ struct Stage {
   // The oldest GPU it runs on, as 10 * major + minor compute capability (80: the tensor-core stages,
   // which refuse an older GPU with kArchNotSupported); 0: any GPU CUDA 13 supports (7.5 on).
   int min_compute_capability = 0;
+  // The newest GPU it runs on, the same way; 0: no limit. Stage 12's sm_90a code runs on 9.0 only
+  // (90 here and in min_compute_capability).
+  int max_compute_capability = 0;
+  // Where compute capability is not the whole story (stage 12: a build without sm_90a code refuses
+  // every GPU), the stage's own check; null: min_compute_capability and max_compute_capability say it all.
+  GpuCheckFn check_gpu = nullptr;
   // Exercises only: the file with the TODO(exercise) lines, from the repository root, e.g.
   // "exercises/05_warp_shuffle/warp_shuffle.cu". Null for a stage.
   const char* exercise_file = nullptr;
@@ -89,6 +98,10 @@ struct Stage {
   // Whether forward accepts p: causal only where the stage has it, one of its head_dims and dtypes,
   // seq_q up to max_seq_q where the stage has a limit.
   bool supports(const harness::Problem& p) const;
+  // Whether every GPU this stage runs on (by compute capability) is one `other` runs on too: a stage
+  // is compared only with earlier stages that run wherever it does (stage 13 with 10, not with the
+  // Hopper-only 12).
+  bool runs_wherever(const Stage& other) const;
   // Whether p's dtype is one of dtypes.
   bool has_dtype(flash::DType dtype) const;
   // The dtypes joined by commas, e.g. "fp16,bf16".
@@ -102,9 +115,9 @@ struct Stage {
 };
 
 // Every stage in course order, built on first use; the references stay valid until the program ends.
-// The numbers have gaps where a planned stage is not written yet (12 comes before 13).
 const std::vector<Stage>& stages();
-// The stage numbers for a message: runs of consecutive numbers joined, e.g. "1 to 11, 13".
+// The stage numbers for a message: runs of three or more consecutive numbers joined, e.g.
+// "1 to 13".
 std::string stage_numbers();
 // The stage with that number, or null when there is none.
 const Stage* find(int number);
@@ -114,9 +127,10 @@ const std::vector<Stage>& exercises();
 // The exercise of stage `number`, or null when there is none.
 const Stage* find_exercise(int number);
 // The nearest earlier stage that supports the same problem in some dtype (stage 08 in bf16 is
-// compared with stage 07 in fp32 on the same rounded inputs), or null for the first. A stage that
-// reuses the forward of the stage before it (11, a backward only, runs 10's) is passed over: stage
-// 13's previous is 10.
+// compared with stage 07 in fp32 on the same rounded inputs) and runs on every GPU `stage` runs on
+// (Stage::runs_wherever: stage 13 is compared with stage 10, not with the Hopper-only stage 12),
+// or null for the first. A stage that reuses the forward of the stage before it (11, a backward
+// only, runs 10's) is passed over.
 const Stage* previous(const Stage& stage, const harness::Problem& p);
 
 // What run_forward brings back to the host.

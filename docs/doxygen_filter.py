@@ -7,7 +7,8 @@ lets the same comments be the API reference, without a second comment style:
   - a comment block directly above a declaration, at namespace or class scope, documents it;
   - a comment after a member, enumerator or parameter on the same line documents that entity (///<).
 Comments inside function bodies, section banners (followed by a blank line) and comments above
-preprocessor lines stay plain comments. Line numbers are kept, so warnings point at the header.
+preprocessor lines stay plain comments; a preprocessor line continued with backslashes is skipped
+whole (a macro's body is no declaration). Line numbers are kept, so warnings point at the header.
 
 A public symbol with no comment at all stays undocumented, and Doxygen warns (an error in CI).
 Usage:
@@ -91,14 +92,19 @@ def filter_header(path):
     stmt = ""           # code of the statement begun so far
     pending = []        # indices of the // lines just above, at aggregate scope
     in_block = False
+    in_directive = False  # inside a preprocessor line continued with backslashes
     for idx in range(top, len(lines)):
         line = lines[idx]
         stripped = line.strip()
         in_body = "body" in stack
+        if in_directive or (not in_block and stripped.startswith("#")):
+            in_directive = line.rstrip().endswith("\\")
+            pending = []
+            continue
         if not in_block and stripped.startswith("//"):
             pending = pending + [idx] if not in_body else []
             continue
-        if not stripped or stripped.startswith("#"):
+        if not stripped:
             pending = []
             continue
         code, comment_col, in_block = split_line(line, in_block)

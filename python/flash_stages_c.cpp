@@ -66,7 +66,7 @@ int fail(int code, const std::string& msg, char* message, size_t message_bytes) 
   return code;
 }
 
-// "1 to 11, 13": the stage numbers, with the gap where a planned stage is not written yet.
+// "1 to 13": the stage numbers, for messages.
 std::string stage_range() { return registry::stage_numbers(); }
 
 // The stage with this course number, or null with the message written.

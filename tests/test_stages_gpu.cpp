@@ -110,10 +110,11 @@ void require_gpu() {
   if (!harness::gpu_available(&why)) GTEST_SKIP() << why;
 }
 
-// Skips, with the reason, a stage this GPU is too old for (the tensor-core stages need 8.0).
+// Skips, with the reason, a stage this GPU is too old for (the tensor-core stages need 8.0), or one
+// that runs on one architecture only (stage 12: Hopper, and only in a build with its sm_90a code).
 void require_compute_capability(const registry::Stage& s) {
-  if (s.min_compute_capability == 0) return;
-  const flash::Status status = flash::check_compute_capability(s.min_compute_capability);
+  if (s.min_compute_capability == 0 && !s.check_gpu) return;
+  const flash::Status status = s.check_gpu ? s.check_gpu() : flash::check_compute_capability(s.min_compute_capability);
   if (status.code == flash::StatusCode::kArchNotSupported)
     GTEST_SKIP() << s.label() << ": " << flash::to_string(status);
 }

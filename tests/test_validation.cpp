@@ -407,14 +407,68 @@ TEST(stage13_decoding, RegistryEntry) {
   EXPECT_NE(s->forward_paged, nullptr);
   EXPECT_NE(s->forward_paged_workspace_size, nullptr);
   EXPECT_NE(registry::find(11), nullptr);
-  EXPECT_EQ(registry::find(12), nullptr);
-  EXPECT_EQ(registry::stage_numbers(), "1 to 11, 13");
+  EXPECT_NE(registry::find(12), nullptr);
+  EXPECT_EQ(registry::stage_numbers(), "1 to 13");
   const float usual_scale = std::numeric_limits<float>::quiet_NaN();  // 1 / sqrt(head_dim)
   harness::Problem p{1, 32, 8, 16, 4096, 128, true, usual_scale, flash::DType::kBf16};
   EXPECT_TRUE(s->supports(p));
   p.seq_q = 17;
   EXPECT_FALSE(s->supports(p));
   EXPECT_EQ(registry::previous(*s, {1, 32, 8, 1, 4096, 128, false, usual_scale, flash::DType::kBf16})->number, 10);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage 12 (Hopper): one architecture, its own head_dims, and who it is compared with
+// ---------------------------------------------------------------------------------------------
+
+TEST(stage12_hopper, RegistryEntry) {
+  const registry::Stage* s = registry::find(12);
+  ASSERT_NE(s, nullptr);
+  EXPECT_STREQ(s->folder, "12_hopper");
+  EXPECT_EQ(s->head_dims, (std::vector<int>{64, 128}));
+  EXPECT_EQ(s->dtypes, (std::vector<flash::DType>{flash::DType::kBf16, flash::DType::kFp16}));
+  EXPECT_TRUE(s->causal);
+  EXPECT_EQ(s->min_compute_capability, 90);
+  EXPECT_EQ(s->max_compute_capability, 90);
+  EXPECT_NE(s->check_gpu, nullptr);
+  const float usual_scale = std::numeric_limits<float>::quiet_NaN();
+  const harness::Problem prefill{2, 8, 2, 1000, 1024, 128, true, usual_scale, flash::DType::kBf16};
+  EXPECT_TRUE(s->supports(prefill));
+  // Stage 12 is checked against stage 10; stage 13 too, not against the Hopper-only stage 12, so that
+  // it keeps a stage to agree with on every GPU it runs on.
+  EXPECT_EQ(registry::previous(*s, prefill)->number, 10);
+  EXPECT_EQ(registry::previous(*registry::find(13), {1, 32, 8, 1, 4096, 128, false, usual_scale,
+                                                     flash::DType::kBf16})->number, 10);
+  EXPECT_FALSE(registry::find(13)->runs_wherever(*s));
+  EXPECT_TRUE(s->runs_wherever(*registry::find(10)));
+}
+
+TEST(stage12_hopper, RefusesHeadDim32ByName) {
+  const registry::Stage& s = *registry::find(12);
+  for (int d : {32, 48}) {
+    Call c(s);
+    c.head_dim = d;
+    expect_refused([&] { return c.run(s); }, flash::StatusCode::kHeadDimNotSupported,
+                   "head_dim = " + std::to_string(d) + " (supported: 64, 128)");
+  }
+}
+
+// Without a GPU (CI), the check of the GPU reports what CUDA said, and never claims the GPU is fine.
+TEST(stage12_hopper, GpuCheckNeverSucceedsWithoutHopper) {
+  int device = 0, major = 0;
+  const bool hopper = cudaGetDevice(&device) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                      major == 9;
+  cudaGetLastError();
+  const flash::Status s = registry::find(12)->check_gpu();
+  cudaGetLastError();
+  if (!hopper) {
+    EXPECT_FALSE(s.ok());
+    if (s.code == flash::StatusCode::kArchNotSupported) {
+      EXPECT_EQ(s.required, 90);
+      EXPECT_NE(flash::to_string(s).find("has compute capability"), std::string::npos) << flash::to_string(s);
+    }
+  }
 }
 
 // Well-formed contiguous call of the decoding shape stage 13 is measured on; each test breaks one thing.

@@ -210,11 +210,18 @@ def backward(q, k, v, o, lse, do, *, stage, causal=False, scale=None, determinis
     return dq, dk, dv
 
 
+# Stages whose code runs on one GPU architecture only (12: Hopper's sm_90a); attention() does not pick
+# them by default, since it must run on any GPU. Ask for one with stage=12.
+_ARCHITECTURE_SPECIFIC_STAGES = (12,)
+
+
 def default_stage(dtype, head_dim, causal, seq_q=None):
     """The stage attention() uses: the latest with a backward that supports the problem, else the
     latest that supports its forward. seq_q (the query rows per head), when given, leaves out a stage
-    that takes fewer (the decoding stage takes 16). Raises naming what no stage supports."""
-    all_stages = [s for s in _lib.stages() if s.supports(seq_q=seq_q)]
+    that takes fewer (the decoding stage takes 16). Stages that run on one GPU architecture only (12)
+    are left out. Raises naming what no stage supports."""
+    all_stages = [s for s in _lib.stages()
+                  if s.supports(seq_q=seq_q) and s.number not in _ARCHITECTURE_SPECIFIC_STAGES]
     name = str(dtype).replace("torch.", "")
     fits = [s for s in all_stages if s.supports(dtype=name)]
     if not fits:

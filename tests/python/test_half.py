@@ -44,7 +44,12 @@ def test_half_stage_within_twice_pytorch_error(stage, dtype_name, shape, causal)
     scale = d ** -0.5
     exact = truth.sdpa(q.double(), k.double(), v.double(), causal=causal, scale=scale)
     pytorch = truth.sdpa(q, k, v, causal=causal, scale=scale)
-    o, lse = flash_stages.forward(q, k, v, stage=stage, causal=causal)
+    try:
+        o, lse = flash_stages.forward(q, k, v, stage=stage, causal=causal)
+    except RuntimeError as e:  # stage 12 on a GPU other than Hopper, or a build without its sm_90a code
+        if "GPU architecture not supported" in str(e):
+            pytest.skip(str(e))
+        raise
     assert o.dtype == dtype and lse.dtype == torch.float32
     assert not torch.isnan(o).any()
     ours = (o.double() - exact).abs().max().item()

@@ -1,0 +1,89 @@
+// stage12-variants: stage 12's kernel one piece at a time (stage12::Variant: version A, then two
+// consumer warpgroups, setmaxnreg, ping-pong, intra-warpgroup overlap = version B), timed side by side
+// on the FlashAttention grid (B * N = 16384 tokens, H * d = 2048) in bf16 and fp16, with stage 10 as
+// built for reference. Lesson 12's table "each piece switched on" comes from this program's output.
+// Needs a Hopper GPU (compute capability 9.0) and a build with stage 12's sm_90a code.
+//
+//   build/bin/stage12-variants [--json]
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "12_hopper/hopper.h"
+#include "harness.h"
+#include "registry.h"
+
+namespace {
+
+constexpr int kExitNoGpu = 2;  // no GPU, not a Hopper GPU, or a build without stage 12's sm_90a code
+constexpr uint64_t kSeed = 2024;
+constexpr int kTokens = 16384;
+constexpr int kHeadsTimesDim = 2048;
+constexpr int kWarmup = 3;
+constexpr int kRuns = 20;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  std::string why;
+  if (!harness::gpu_available(&why)) {
+    std::fprintf(stderr, "stage12-variants: %s\n", why.c_str());
+    return kExitNoGpu;
+  }
+  const flash::Status arch = stage12::check_gpu();
+  if (!arch.ok()) {
+    std::fprintf(stderr, "stage12-variants: %s\n", flash::to_string(arch).c_str());
+    return kExitNoGpu;
+  }
+  if (json) std::printf("[\n");
+  bool first = true;
+  for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
+    for (int head_dim : {64, 128})
+      for (bool causal : {false, true})
+        for (int seq : {1024, 4096, 16384}) {
+          harness::Problem p;
+          p.batch = kTokens / seq;
+          p.heads_q = p.heads_kv = kHeadsTimesDim / head_dim;
+          p.seq_q = p.seq_kv = seq;
+          p.head_dim = head_dim;
+          p.causal = causal;
+          p.dtype = dtype;
+          const harness::DeviceInputs in(harness::make_inputs(p, kSeed), p.dtype);
+          harness::DeviceTensor o(p.dtype, static_cast<size_t>(p.q_elems()));
+          harness::DeviceBuffer<float> lse(p.rows());
+          // -1: stage 10 as built; then every variant of stage 12, kRegistered ("as built") first.
+          for (int v = -1; v < stage12::kVariantCount; ++v) {
+            const char* name = v < 0 ? "stage 10 as built" : stage12::variant_name(static_cast<stage12::Variant>(v));
+            flash::Status status;
+            const harness::Timing t = harness::time_cuda(
+                [&] {
+                  if (v < 0)
+                    status = registry::find(10)->forward(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(),
+                                                         p.batch, p.heads_q, p.heads_kv, p.seq_q, p.seq_kv,
+                                                         p.head_dim, p.softmax_scale(), p.causal, p.dtype, nullptr, 0,
+                                                         nullptr);
+                  else
+                    status = stage12::forward_variant(static_cast<stage12::Variant>(v), in.q.get(), in.k.get(),
+                                                      in.v.get(), o.get(), lse.get(), p.batch, p.heads_q, p.heads_kv,
+                                                      p.seq_q, p.seq_kv, p.head_dim, p.softmax_scale(), p.causal,
+                                                      p.dtype, nullptr, 0, nullptr);
+                },
+                kWarmup, kRuns);
+            const double tflops = status.ok() ? harness::forward_flops(p) / (t.median_ms * 1e-3) / 1e12 : 0.0;
+            if (json) {
+              std::printf("%s {\"dtype\": \"%s\", \"head_dim\": %d, \"causal\": %s, \"seq\": %d, \"variant\": \"%s\", "
+                          "\"ms\": %.5g, \"tflops\": %.4g, \"status\": \"%s\"}\n",
+                          first ? " " : ",", flash::dtype_name(dtype), head_dim, causal ? "true" : "false", seq, name,
+                          t.median_ms, tflops, flash::to_string(status).c_str());
+            } else {
+              std::printf("%s d%-4d causal=%d N=%-6d %-36s %8.3f ms %7.1f TFLOP/s %s\n", flash::dtype_name(dtype),
+                          head_dim, causal ? 1 : 0, seq, name, t.median_ms, tflops,
+                          status.ok() ? "" : flash::to_string(status).c_str());
+            }
+            first = false;
+          }
+        }
+  if (json) std::printf("]\n");
+  return 0;
+}

@@ -1,0 +1,246 @@
+// Stage 12: Hopper. The kernel and what changed from stage 10 are in hopper_kernel.cuh; this file
+// checks the arguments and the GPU, makes the TMA tensor maps, and launches one configuration.
+//
+// Built two ways (CMakeLists.txt): for sm_90a, with FLASH_STAGE12_SM90A defined, when the configured
+// CUDA architectures include Hopper; otherwise as a stub that refuses every call with
+// kArchNotSupported, so that the project still builds and runs everywhere else.
+#include "hopper.h"
+
+#if defined(FLASH_STAGE12_SM90A)
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+
+#include <mutex>
+
+#include "hopper_kernel.cuh"
+#endif
+
+namespace stage12 {
+namespace {
+
+// The one compute capability whose code this stage carries: sm_90a instructions (wgmma, setmaxnreg)
+// run on 9.0 and nowhere else, not even on later GPUs (PTX ISA, "Target ISA notes": "Requires sm_90a").
+constexpr int kHopper = 90;
+
+// The shared check's head_dim message lists 32, which this stage does not take.
+flash::Status with_own_head_dims(flash::Status s) {
+  return s.code == flash::StatusCode::kHeadDimNotSupported ? flash::with_detail(s, "64, 128") : s;
+}
+
+flash::Status check_args(const void* q, const void* k, const void* v, const void* o, const float* lse, int batch,
+                         int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale,
+                         flash::DType dtype, const void* workspace, size_t workspace_bytes) {
+  flash::Status status = with_own_head_dims(
+      flash::check_forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale));
+  if (status.ok() && head_dim != 64 && head_dim != 128)
+    status = flash::with_detail(flash::make_status(flash::StatusCode::kHeadDimNotSupported, "head_dim", head_dim),
+                                "64, 128");
+  if (status.ok()) status = flash::check_half_dtype(dtype);
+  if (status.ok()) status = flash::check_workspace(workspace, workspace_bytes, 0);
+  if (status.ok()) status = check_gpu();
+  return status;
+}
+
+#if defined(FLASH_STAGE12_SM90A)
+
+// ---------------------------------------------------------------------------------------------
+// TMA tensor maps
+// ---------------------------------------------------------------------------------------------
+
+// cuTensorMapEncodeTiled is a driver function. The runtime hands out its address
+// (cudaGetDriverEntryPointByVersion, the CUDA 13 form of cudaGetDriverEntryPoint, which 13.0
+// deprecates), so the library needs no link to libcuda. 12000: the CUDA version whose ABI of the
+// function we call (PFN_cuTensorMapEncodeTiled_v12000, cudaTypedefs.h).
+constexpr unsigned kEncodeAbiVersion = 12000;
+
+flash::Status tensor_map_encoder(PFN_cuTensorMapEncodeTiled_v12000* encode) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static cudaError_t err = cudaSuccess;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, kEncodeAbiVersion, cudaEnableDefault, &found);
+    if (err == cudaSuccess && (found != cudaDriverEntryPointSuccess || p == nullptr)) err = cudaErrorNotSupported;
+    fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  });
+  *encode = fn;
+  return flash::cuda_status(err);
+}
+
+// A 3-D map over a [heads_total, seq, head_dim] tensor of 16-bit elements (the batch and head
+// dimensions of q, k, v flattened into one: a box never crosses a head, and rows past the end of a
+// head's sequence are outside the tensor, so the copy engine fills them with zeros rather than
+// reading the next head). Dimensions innermost first, as cuTensorMapEncodeTiled takes them:
+//   globalDim     {head_dim, seq, heads_total}
+//   globalStrides {head_dim * 2, seq * head_dim * 2} bytes (dimension 0 is contiguous; both are
+//                 multiples of 16, as the driver requires)
+//   boxDim        {64, box_rows, 1}: one 64-column panel (128 bytes, the most the 128-byte swizzle
+//                 allows in a box row) of box_rows rows of one head
+//   swizzle       CU_TENSOR_MAP_SWIZZLE_128B: the layout wgmma's 128-byte swizzle mode reads
+//   oobFill       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: zeros outside the tensor
+//   l2Promotion   256 bytes: each L2 fill brings two 128-byte box rows' worth.
+flash::Status make_tensor_map(CUtensorMap* map, const void* base, flash::DType dtype, int head_dim, int seq,
+                              long long heads_total, int box_rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  flash::Status status = tensor_map_encoder(&encode);
+  if (!status.ok()) return status;
+  constexpr cuuint64_t kBytes = 2;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(seq),
+                              static_cast<cuuint64_t>(heads_total)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(head_dim) * kBytes,
+                                 static_cast<cuuint64_t>(seq) * head_dim * kBytes};
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(kernel_detail::kPanelCols), static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUresult r = encode(map,
+                            dtype == flash::DType::kBf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                         : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                            3, const_cast<void*>(base), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return flash::with_detail(flash::make_status(flash::StatusCode::kInvalidArgument, "tensor map", r),
+                              "cuTensorMapEncodeTiled refused it: the driver's CUresult");
+  return flash::Status{};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch
+// ---------------------------------------------------------------------------------------------
+
+template <typename Element, int kHeadDim, class Config>
+flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
+                            int heads_kv, int seq_q, int seq_kv, float scale, bool causal, flash::DType dtype,
+                            cudaStream_t stream) {
+  const auto kernel = causal ? hopper_kernel<Element, kHeadDim, true, Config>
+                             : hopper_kernel<Element, kHeadDim, false, Config>;
+  constexpr size_t kSharedBytes = kernel_detail::SharedLayout<kHeadDim, Config>::kDynamicBytes;
+  flash::Status status = flash::check_shared_memory(kSharedBytes);
+  if (status.ok())
+    status = flash::cuda_status(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
+  CUtensorMap q_map, k_map, v_map;
+  const long long heads_total_q = static_cast<long long>(batch) * heads_q;
+  const long long heads_total_kv = static_cast<long long>(batch) * heads_kv;
+  if (status.ok())
+    status = make_tensor_map(&q_map, q, dtype, kHeadDim, seq_q, heads_total_q, kernel_detail::kWgmmaM);
+  if (status.ok())
+    status = make_tensor_map(&k_map, k, dtype, kHeadDim, seq_kv, heads_total_kv, Config::kBlockCols);
+  if (status.ok())
+    status = make_tensor_map(&v_map, v, dtype, kHeadDim, seq_kv, heads_total_kv, Config::kBlockCols);
+  if (!status.ok()) return status;
+  const int num_q_tiles = (seq_q + Config::kBlockRows - 1) / Config::kBlockRows;
+  const int num_heads_total = batch * heads_q;
+  const long long blocks = static_cast<long long>(num_heads_total) * num_q_tiles;
+  kernel<<<static_cast<unsigned>(blocks), Config::kThreads, kSharedBytes, stream>>>(
+      q_map, k_map, v_map, static_cast<Element*>(o), lse, heads_q, heads_kv, seq_q, seq_kv,
+      scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total);
+  return flash::last_launch_status();
+}
+
+// The configurations the lesson measures, each adding one piece to the one before
+// (HopperConfig<consumers, keys per tile, stages, register split, ping-pong, intra overlap>).
+using VariantA = HopperConfig<1, 128, 2>;
+using VariantTwoConsumers = HopperConfig<2, 128, 2>;
+using VariantRegisterSplit = HopperConfig<2, 128, 2, true>;
+using VariantPingPong = HopperConfig<2, 128, 2, true, true>;
+using VariantIntraOverlap = HopperConfig<2, 128, 2, true, true, true>;
+
+template <class Config>
+flash::Status launch_config(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
+                            int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal,
+                            flash::DType dtype, cudaStream_t stream) {
+  if (dtype == flash::DType::kFp16) {
+    if (head_dim == 64)
+      return launch_hopper<__half, 64, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
+                                               dtype, stream);
+    return launch_hopper<__half, 128, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
+                                              dtype, stream);
+  }
+  if (head_dim == 64)
+    return launch_hopper<__nv_bfloat16, 64, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
+                                                     causal, dtype, stream);
+  return launch_hopper<__nv_bfloat16, 128, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
+                                                   causal, dtype, stream);
+}
+
+#endif  // FLASH_STAGE12_SM90A
+
+}  // namespace
+
+size_t forward_workspace_size(int, int, int, int, int, int) { return 0; }
+
+flash::Status check_gpu() {
+  int device = 0, major = 0, minor = 0;
+  flash::Status s = flash::cuda_status(cudaGetDevice(&device));
+  if (s.ok()) s = flash::cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (s.ok()) s = flash::cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (!s.ok()) return s;
+  const int cc = 10 * major + minor;
+#if defined(FLASH_STAGE12_SM90A)
+  if (cc != kHopper)
+    return flash::with_detail(flash::make_status(flash::StatusCode::kArchNotSupported, "device", cc, kHopper),
+                              "stage 12 needs compute capability 9.0 (its sm_90a code, wgmma and setmaxnreg, runs "
+                              "on Hopper GPUs only)");
+  return flash::Status{};
+#else
+  return flash::with_detail(flash::make_status(flash::StatusCode::kArchNotSupported, "device", cc, kHopper),
+                            "this build of stage 12 has no sm_90a code (configure with 90 in "
+                            "CMAKE_CUDA_ARCHITECTURES to build it)");
+#endif
+}
+
+const char* variant_name(Variant variant) {
+  switch (variant) {
+    case Variant::kRegistered: return "stage 12 as built";
+    case Variant::kOneConsumer: return "A: 1 consumer warpgroup, in order";
+    case Variant::kTwoConsumers: return "+ 2 consumer warpgroups";
+    case Variant::kRegisterSplit: return "+ setmaxnreg (producer warpgroup)";
+    case Variant::kPingPong: return "+ ping-pong";
+    case Variant::kIntraOverlap: return "+ intra-warpgroup overlap";
+  }
+  return "unknown variant";
+}
+
+flash::Status forward_variant(Variant variant, const void* q, const void* k, const void* v, void* o, float* lse,
+                              int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale,
+                              bool causal, flash::DType dtype, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
+  const flash::Status status = check_args(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
+                                          dtype, workspace, workspace_bytes);
+  if (!status.ok()) return status;
+  if (static_cast<int>(variant) < 0 || static_cast<int>(variant) >= kVariantCount)
+    return flash::make_status(flash::StatusCode::kInvalidArgument, "variant", static_cast<int>(variant));
+#if defined(FLASH_STAGE12_SM90A)
+  if (variant == Variant::kRegistered) variant = kRegisteredVariant;
+  switch (variant) {
+    case Variant::kOneConsumer:
+      return launch_config<VariantA>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
+                                     causal, dtype, stream);
+    case Variant::kTwoConsumers:
+      return launch_config<VariantTwoConsumers>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                                scale, causal, dtype, stream);
+    case Variant::kRegisterSplit:
+      return launch_config<VariantRegisterSplit>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                                 scale, causal, dtype, stream);
+    case Variant::kPingPong:
+      return launch_config<VariantPingPong>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
+                                            causal, dtype, stream);
+    default:
+      return launch_config<VariantIntraOverlap>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                                scale, causal, dtype, stream);
+  }
+#else
+  (void)causal;
+  (void)stream;
+  return flash::make_status(flash::StatusCode::kArchNotSupported, "device", 0, kHopper);  // check_gpu refused first
+#endif
+}
+
+flash::Status forward(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
+                      int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, flash::DType dtype,
+                      void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return forward_variant(Variant::kRegistered, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                         scale, causal, dtype, workspace, workspace_bytes, stream);
+}
+
+}  // namespace stage12

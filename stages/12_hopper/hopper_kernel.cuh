@@ -1,0 +1,646 @@
+// Stage 12's kernel, a template over its configuration (HopperConfig) so that hopper.cu can pick one
+// per head_dim and bench/stage12_variants.cu can measure each piece switched on and off.
+//
+// What changes from stage 10 (the lesson takes them one at a time):
+// - The matrix products are wgmma.mma_async: one instruction per 64 x N x 16 product for a whole
+//   warpgroup (4 warps, 128 threads), its operands read by the tensor cores straight from shared
+//   memory through matrix descriptors (no ldmatrix), asynchronous: issued, committed, waited for.
+//   S = Q K^T takes both operands from shared memory; O += P V takes P from registers (the same
+//   accumulator-to-operand conversion as stages 08-10) and V from shared memory, "transposed"
+//   (MN-major: V's rows are keys, its contiguous dimension is N = head_dim).
+// - Q, K and V reach shared memory through the tensor memory accelerator (cp.async.bulk.tensor):
+//   one thread issues a copy of a whole tile, described by a tensor map made on the host, and the
+//   copy engine writes it already swizzled (128-byte swizzle, the layout wgmma reads) and reports
+//   the bytes to an mbarrier. Rows past the end of the sequence are filled with zeros by the engine.
+// - Warp specialization: a producer (one warp, or a whole warpgroup when registers are
+//   reallocated) issues every copy; one or two consumer warpgroups compute. They talk only through
+//   mbarriers: for each of the kStages K and V buffers a "full" barrier (the producer's expected
+//   bytes, completed by the copy engine) and an "empty" barrier (one arrival per consumer warp when
+//   its wgmma have finished reading the buffer).
+// - Register reallocation (kRegisterSplit): the producer warpgroup gives registers back
+//   (setmaxnreg.dec), the consumers take them (setmaxnreg.inc).
+// - Two consumer warpgroups take turns on the tensor cores (kPingPong): while one runs its softmax
+//   the other's matrix products run. Two named barriers pass the turn.
+// - Inside a warpgroup (kIntraOverlap), the softmax of tile j runs while the product P_{j-1} V_{j-1}
+//   of the tile before is still on the tensor cores.
+// - The softmax itself is stage 10's: base 2, the scale inside the exp2's FFMA, a negative scale
+//   folded into Q in shared memory (which, between two async-proxy accesses, needs a proxy fence).
+//   It reads the scores and writes the probabilities straight into P's registers.
+#pragma once
+
+#include "flash_stage.cuh"
+#include "hopper.cuh"
+#include "tensor_core.cuh"
+
+namespace stage12 {
+
+// One kernel instance.
+//   kConsumers: consumer warpgroups, 64 query rows each (Br = 64 * kConsumers).
+//   kBlockCols: keys per K/V tile (Bc), the N of S = Q K^T: 64 or 128.
+//   kStages: K/V buffers in the ring between producer and consumers.
+//   kRegisterSplit: the producer is a whole warpgroup that gives its registers to the consumers
+//     (setmaxnreg); otherwise it is one warp and every thread keeps the registers the launch gave it.
+//   kPingPong: two consumer warpgroups take turns issuing their matrix products (needs 2 consumers).
+//   kIntraOverlap: a warpgroup's softmax of tile j overlaps its product P_{j-1} V_{j-1}.
+template <int kConsumers_, int kBlockCols_, int kStages_, bool kRegisterSplit_ = false, bool kPingPong_ = false,
+          bool kIntraOverlap_ = false>
+struct HopperConfig {
+  static constexpr int kConsumers = kConsumers_;
+  static constexpr int kBlockRows = 64 * kConsumers;
+  static constexpr int kBlockCols = kBlockCols_;
+  static constexpr int kStages = kStages_;
+  static constexpr bool kRegisterSplit = kRegisterSplit_;
+  static constexpr bool kPingPong = kPingPong_;
+  static constexpr bool kIntraOverlap = kIntraOverlap_;
+  // The consumers come first (warpgroups 0 .. kConsumers - 1, each starting at a warp index
+  // divisible by 4, as wgmma requires), the producer after them.
+  static constexpr int kProducerThreads = kRegisterSplit ? 128 : 32;
+  static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
+  static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
+  static_assert(kBlockCols == 64 || kBlockCols == 128, "the wgmma wrappers have N = 64 and N = 128");
+  static_assert(kStages >= 1, "at least one K/V buffer");
+  static_assert(!kPingPong || kConsumers == 2, "ping-pong needs two consumer warpgroups");
+};
+
+namespace kernel_detail {
+
+using hopper::fence_registers;
+using hopper::matrix_descriptor;
+using hopper::mbarrier_arrive;
+using hopper::mbarrier_arrive_expect_tx;
+using hopper::mbarrier_wait;
+using hopper::tma_load_3d;
+using hopper::wgmma_commit_group;
+using hopper::wgmma_fence;
+using hopper::wgmma_wait_group;
+using tensor_core::exp2_approx;
+using tensor_core::pack2;
+
+constexpr int kWarpgroupThreads = 128;  // 4 warps: the unit that issues a wgmma
+constexpr int kWgmmaM = 64;             // the M of wgmma.m64nNk16: one warpgroup's query rows
+constexpr int kWgmmaK = 16;             // its K, for 16-bit inputs
+constexpr int kElementBytes = 2;        // fp16, bf16
+constexpr int kSwizzleBytes = 128;      // CU_TENSOR_MAP_SWIZZLE_128B: 16-byte chunks swizzled within 128 bytes
+constexpr int kPanelCols = kSwizzleBytes / kElementBytes;  // 64 elements: the widest box row the swizzle allows
+constexpr int kAtomBytes = 8 * kSwizzleBytes;  // 1024: 8 rows of 128 bytes, where the swizzle pattern repeats
+constexpr int kKStepBytes = kWgmmaK * kElementBytes;  // 32: how far one k-step moves along a K-major row
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2 e)
+constexpr float kLn2 = 0.6931471805599453f;    // ln(2): turns a base-2 lse back into base e
+constexpr unsigned kFullWarp = 0xffffffffu;
+// Named barriers 1 and 2: "consumer 0's turn", "consumer 1's turn" (kPingPong). Barrier 0 belongs
+// to __syncthreads(); 16 exist per CTA (PTX ISA, bar/barrier).
+constexpr int kTurnBarrier = 1;
+constexpr int kTurnThreads = 2 * kWarpgroupThreads;  // one warpgroup syncs, the other arrives
+// Named barriers 3 and 4: consumer 0's, consumer 1's own 128 threads, once, after a negative scale
+// was folded into their Q tile.
+constexpr int kQReadyBarrier = 3;
+
+// Consumer c waits for its turn on barrier kTurnBarrier + c; it passes the turn by arriving on the
+// other's. The ids are immediates (hopper.cuh says why), hence the branch on the consumer.
+__device__ inline void wait_for_turn(int consumer) {
+  if (consumer == 0)
+    hopper::named_barrier_sync<kTurnBarrier + 0, kTurnThreads>();
+  else
+    hopper::named_barrier_sync<kTurnBarrier + 1, kTurnThreads>();
+}
+
+__device__ inline void pass_turn(int consumer) {
+  if (consumer == 0)
+    hopper::named_barrier_arrive<kTurnBarrier + 1, kTurnThreads>();
+  else
+    hopper::named_barrier_arrive<kTurnBarrier + 0, kTurnThreads>();
+}
+// setmaxnreg counts (kRegisterSplit, 2 consumers + 1 producer warpgroup = 384 threads): the launch
+// gives each thread 65536 / 384 = 170, rounded down to 168 (__launch_bounds__(384, 1)); the producer
+// keeps 24, the least setmaxnreg allows, and the consumers take (168 - 24) * 128 / 256 = 72 more:
+// 240 each. 128 * 24 + 256 * 240 = 64512 <= 65536 registers per SM.
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+
+// Where everything lives in the block's dynamic shared memory. Each tile is stored as kPanels
+// column panels of 64 elements (128 bytes a row): the 128-byte swizzle holds rows of at most 128
+// bytes (cuTensorMapEncodeTiled: the box's inner dimension <= the swizzle size), so head_dim 128 is
+// two panels, each its own TMA box. Every panel starts on a 1024-byte boundary, where the swizzle
+// pattern starts, so the descriptors' base offset is 0.
+template <int kHeadDim, class Config>
+struct SharedLayout {
+  static constexpr int kPanels = kHeadDim / kPanelCols;
+  static constexpr int kQPanelBytes = kWgmmaM * kSwizzleBytes;                 // 8 KiB
+  static constexpr int kQBytes = kPanels * kQPanelBytes;                       // one consumer's Q
+  static constexpr int kKVPanelBytes = Config::kBlockCols * kSwizzleBytes;     // 8 or 16 KiB
+  static constexpr int kKVBytes = kPanels * kKVPanelBytes;                     // one K or V tile
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + Config::kConsumers * kQBytes;
+  static constexpr int kV = kK + Config::kStages * kKVBytes;
+  static constexpr int kBarriers = kV + Config::kStages * kKVBytes;
+  // q_full, then k_full, v_full, k_empty, v_empty for each stage: 8 bytes each.
+  static constexpr int kNumBarriers = 1 + 4 * Config::kStages;
+  static constexpr int kBytes = kBarriers + 8 * kNumBarriers;
+  // Dynamic shared memory is only promised 16-byte alignment: ask for one atom more and round up.
+  static constexpr size_t kDynamicBytes = static_cast<size_t>(kBytes) + kAtomBytes;
+  static_assert(kQPanelBytes % kAtomBytes == 0 && kKVPanelBytes % kAtomBytes == 0, "panels start on atoms");
+  static_assert(kHeadDim % kPanelCols == 0, "head_dim is whole panels");
+};
+
+// The block's shared memory, carved from the dynamic allocation.
+template <typename Element, int kHeadDim, class Config>
+struct Smem {
+  using L = SharedLayout<kHeadDim, Config>;
+  unsigned char* base;  // 1024-byte aligned
+  __device__ explicit Smem(unsigned char* raw) {
+    const uint32_t misalignment = hopper::shared_address(raw) % kAtomBytes;
+    base = raw + (misalignment == 0 ? 0 : kAtomBytes - misalignment);
+  }
+  // Panel p of consumer c's Q tile; of stage s's K and V tiles.
+  __device__ unsigned char* q(int c, int p) const { return base + L::kQ + c * L::kQBytes + p * L::kQPanelBytes; }
+  __device__ unsigned char* k(int s, int p) const { return base + L::kK + s * L::kKVBytes + p * L::kKVPanelBytes; }
+  __device__ unsigned char* v(int s, int p) const { return base + L::kV + s * L::kKVBytes + p * L::kKVPanelBytes; }
+  __device__ uint64_t* barriers() const { return reinterpret_cast<uint64_t*>(base + L::kBarriers); }
+  __device__ uint64_t* q_full() const { return barriers(); }
+  __device__ uint64_t* k_full(int s) const { return barriers() + 1 + s; }
+  __device__ uint64_t* v_full(int s) const { return barriers() + 1 + Config::kStages + s; }
+  __device__ uint64_t* k_empty(int s) const { return barriers() + 1 + 2 * Config::kStages + s; }
+  __device__ uint64_t* v_empty(int s) const { return barriers() + 1 + 3 * Config::kStages + s; }
+};
+
+// Descriptors (hopper.cuh explains the fields). Q and K are K-major (head_dim contiguous), so one
+// k-step of 16 elements is 32 bytes along a 128-byte row; a k-step in the second panel starts in
+// that panel. SBO = 1024: from one group of 8 rows to the next. LBO = 16 bytes, encoded 1: unused
+// for a swizzled K-major operand, where the PTX ISA says it is "assumed to be 1".
+constexpr uint32_t kKMajorLbo = 16;
+constexpr uint32_t kSbo = kAtomBytes;
+
+template <int kPanelBytes>
+__device__ inline uint64_t k_major_descriptor(const unsigned char* panel0, int ks) {
+  constexpr int kStepsPerPanel = kSwizzleBytes / kKStepBytes;  // 4
+  return matrix_descriptor(panel0 + (ks / kStepsPerPanel) * kPanelBytes + (ks % kStepsPerPanel) * kKStepBytes,
+                           kKMajorLbo, kSbo);
+}
+
+// V is MN-major as the B operand of O += P V (N = head_dim contiguous, K = keys along rows): one
+// k-step is 16 key rows = 2048 bytes down the panel; LBO is the distance from one 64-column panel
+// of N to the next (Bc rows of 128 bytes), SBO from one group of 8 key rows to the next (1024).
+template <int kPanelBytes>
+__device__ inline uint64_t mn_major_descriptor(const unsigned char* panel0, int ks) {
+  return matrix_descriptor(panel0 + ks * kWgmmaK * kSwizzleBytes, kPanelBytes, kSbo);
+}
+
+__device__ inline float max_over_row_lanes(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kFullWarp, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kFullWarp, x, 2));
+}
+
+__device__ inline float sum_over_row_lanes(float x) {
+  x += __shfl_xor_sync(kFullWarp, x, 1);
+  return x + __shfl_xor_sync(kFullWarp, x, 2);
+}
+
+// The online softmax of one tile for this thread's two rows (row0 and row0 + 8), stage 10's, read
+// from the scores s (Q was negated for a negative scale) without writing them: the
+// probabilities 2^(s * scale_log2 - max2) go straight into p, wgmma's register A operand for
+// O += P V, one fragment per 16 keys. row_max2 and row_sum move on; rescale[h] is what row h's output
+// accumulators must be multiplied by. t = lane % 4: this thread holds columns 8i + 2t and 8i + 2t + 1
+// of every 8-column block i; S's blocks 2ks and 2ks + 1 are P's fragment ks (hopper.cuh's table):
+//   p[ks][0]: row g, block 2ks     p[ks][1]: row g + 8, block 2ks
+//   p[ks][2]: row g, block 2ks + 1 p[ks][3]: row g + 8, block 2ks + 1
+// s is only read, so that the scores of the next tile can already be on their way into it: ptxas
+// serializes every wgmma of a pipeline stage in which ordinary instructions write registers a
+// wgmma uses (its message C7513), which would undo the intra-warpgroup overlap.
+template <typename Element, int kBlockCols, bool kCausal>
+__device__ inline void softmax_tile(const float (&s)[kBlockCols / 2], uint32_t (&p)[kBlockCols / 16][4],
+                                    float (&row_max2)[2], float (&row_sum)[2], float (&rescale)[2], int first_key,
+                                    int row0, int seq_kv, int diagonal, bool needs_mask, float positive_scale, int t) {
+  constexpr int kKeyBlocks = kBlockCols / 8;
+  // The scale multiplies inside the exp2's argument, one FFMA per score; a masked tile scales first,
+  // so that the mask's -inf is compared with scaled scores.
+  const float score_scale = needs_mask ? 1.0f : positive_scale;
+  int row_key_end[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) row_key_end[h] = kCausal ? min(seq_kv, row0 + 8 * h + diagonal + 1) : seq_kv;
+  // Score (key block kb, row h, element e) as the softmax sees it: only the last tile and the tiles
+  // on the causal diagonal are masked, and the branch is the same for the whole warpgroup.
+  auto score = [&](int kb, int h, int e) {
+    float x = s[4 * kb + 2 * h + e];
+    if (needs_mask) {
+      x *= positive_scale;
+      if (first_key + 8 * kb + 2 * t + e >= row_key_end[h]) x = -INFINITY;
+    }
+    return x;
+  };
+  float offset2[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float tile_max = -INFINITY;
+#pragma unroll
+    for (int kb = 0; kb < kKeyBlocks; ++kb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) tile_max = fmaxf(tile_max, score(kb, h, e));
+    const float new_max2 = fmaxf(row_max2[h], max_over_row_lanes(tile_max) * score_scale);
+    // -inf only while the row has seen no key; 0 then keeps its masked 2^(-inf) at 0.
+    offset2[h] = new_max2 == -INFINITY ? 0.0f : new_max2;
+    rescale[h] = exp2_approx(row_max2[h] - offset2[h]);
+    row_max2[h] = new_max2;
+  }
+  float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int ks = 0; ks < kBlockCols / 16; ++ks)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int kb = 2 * ks + half;
+        const float e0 = exp2_approx(fmaf(score(kb, h, 0), score_scale, -offset2[h]));
+        const float e1 = exp2_approx(fmaf(score(kb, h, 1), score_scale, -offset2[h]));
+        tile_sum[h] += e0 + e1;
+        p[ks][2 * half + h] = pack2<Element>(e0, e1);
+      }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * rescale[h] + tile_sum[h];
+}
+
+// Output accumulators times each row's factor: o[4i + 2h + e] belongs to row h.
+template <int kORegs>
+__device__ inline void rescale_output(float (&o)[kORegs], const float (&rescale)[2]) {
+#pragma unroll
+  for (int i = 0; i < kORegs / 4; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      o[4 * i + 2 * h] *= rescale[h];
+      o[4 * i + 2 * h + 1] *= rescale[h];
+    }
+}
+
+// S = Q K^T for one K tile: head_dim / 16 wgmma, the first overwriting S (scale-d false).
+template <typename Element, int kHeadDim, class Config>
+__device__ inline void issue_scores(float (&s)[Config::kBlockCols / 2], const unsigned char* q_panel0,
+                                    const unsigned char* k_panel0) {
+  using L = SharedLayout<kHeadDim, Config>;
+#pragma unroll
+  for (int ks = 0; ks < kHeadDim / kWgmmaK; ++ks)
+    hopper::wgmma_ss<Element, Config::kBlockCols, 1, 0>(s, k_major_descriptor<L::kQPanelBytes>(q_panel0, ks),
+                                                        k_major_descriptor<L::kKVPanelBytes>(k_panel0, ks), ks > 0);
+}
+
+// O += P V for one V tile: Bc / 16 wgmma with P from registers and V MN-major (imm-trans-b = 1).
+template <typename Element, int kHeadDim, class Config>
+__device__ inline void issue_output(float (&o)[kHeadDim / 2], const uint32_t (&p)[Config::kBlockCols / 16][4],
+                                    const unsigned char* v_panel0) {
+  using L = SharedLayout<kHeadDim, Config>;
+#pragma unroll
+  for (int ks = 0; ks < Config::kBlockCols / kWgmmaK; ++ks)
+    hopper::wgmma_rs<Element, kHeadDim, 1>(o, p[ks], mn_major_descriptor<L::kKVPanelBytes>(v_panel0, ks), true);
+}
+
+// What a consumer warpgroup needs to know about its block.
+struct ConsumerWork {
+  int consumer;      // which consumer warpgroup, 0 or 1
+  int first_row;     // its first query row (the block's first row + 64 * consumer)
+  int num_tiles;     // K/V tiles of the block
+  int seq_q, seq_kv;
+  float scale_log2;  // softmax scale * log2(e), any sign
+};
+
+// The producer: one thread issues every copy of the block. Q once (each consumer's 64 rows, panel by
+// panel, all on q_full); then K and V tile by tile through the ring: wait until the consumers have
+// emptied the buffer (on the first pass every buffer is empty: parity 1 on a fresh barrier returns
+// at once), announce the tile's bytes on its full barrier, issue the copies. K and V have barriers
+// of their own, so that S = Q K^T can start while V is still in flight.
+template <typename Element, int kHeadDim, class Config>
+__device__ void produce(const Smem<Element, kHeadDim, Config>& sm, const CUtensorMap* q_map, const CUtensorMap* k_map,
+                        const CUtensorMap* v_map, int first_row, int q_head, int kv_head, int num_tiles) {
+  using L = SharedLayout<kHeadDim, Config>;
+  constexpr int kStages = Config::kStages;
+  mbarrier_arrive_expect_tx(sm.q_full(), Config::kConsumers * L::kQBytes);
+#pragma unroll
+  for (int c = 0; c < Config::kConsumers; ++c)
+#pragma unroll
+    for (int p = 0; p < L::kPanels; ++p)
+      tma_load_3d(sm.q(c, p), q_map, sm.q_full(), p * kPanelCols, first_row + c * kWgmmaM, q_head);
+  for (int j = 0; j < num_tiles; ++j) {
+    const int s = j % kStages;
+    const uint32_t empty_parity = ((j / kStages) & 1) ^ 1;
+    const int first_key = j * Config::kBlockCols;
+    mbarrier_wait(sm.k_empty(s), empty_parity);
+    mbarrier_arrive_expect_tx(sm.k_full(s), L::kKVBytes);
+#pragma unroll
+    for (int p = 0; p < L::kPanels; ++p) tma_load_3d(sm.k(s, p), k_map, sm.k_full(s), p * kPanelCols, first_key, kv_head);
+    mbarrier_wait(sm.v_empty(s), empty_parity);
+    mbarrier_arrive_expect_tx(sm.v_full(s), L::kKVBytes);
+#pragma unroll
+    for (int p = 0; p < L::kPanels; ++p) tma_load_3d(sm.v(s, p), v_map, sm.v_full(s), p * kPanelCols, first_key, kv_head);
+  }
+}
+
+// One arrival per consumer warp (the empty barriers expect 4 per consumer warpgroup): every warp has
+// passed its own wgmma.wait_group, so the whole warpgroup's products have finished reading.
+__device__ inline void release(uint64_t* empty_barrier, int lane) {
+  __syncwarp();
+  if (lane == 0) mbarrier_arrive(empty_barrier);
+}
+
+// A negative scale goes into Q, as in stage 10 (negation is exact in any float format), so that the
+// largest raw score is the largest scaled one and the softmax can use the scale's absolute value.
+// Q arrived through the async proxy (the copy engine) and wgmma reads it through the async proxy:
+// ordinary stores in between must be followed by fence.proxy.async in every writing thread, then a
+// barrier of the warpgroup (named barrier kQReadyBarrier + consumer), before the first wgmma reads.
+// The swizzle does not matter here: every element of the tile flips.
+template <typename Element, int kHeadDim, class Config>
+__device__ void negate_q_tile(const Smem<Element, kHeadDim, Config>& sm, int consumer, int thread) {
+  using L = SharedLayout<kHeadDim, Config>;
+  constexpr uint32_t kSignBits = 0x80008000u;  // the sign bits of two packed 16-bit floats
+  uint4* words = reinterpret_cast<uint4*>(sm.q(consumer, 0));
+#pragma unroll
+  for (int i = thread; i < L::kQBytes / 16; i += kWarpgroupThreads) {
+    uint4 x = words[i];
+    x.x ^= kSignBits;
+    x.y ^= kSignBits;
+    x.z ^= kSignBits;
+    x.w ^= kSignBits;
+    words[i] = x;
+  }
+  hopper::fence_proxy_async_shared();
+  if (consumer == 0)
+    hopper::named_barrier_sync<kQReadyBarrier + 0, kWarpgroupThreads>();
+  else
+    hopper::named_barrier_sync<kQReadyBarrier + 1, kWarpgroupThreads>();
+}
+
+// The plain consumer loop (version A, and any configuration without the overlaps): per tile,
+// S = Q K^T, wait; softmax; O += P V, wait. The tensor cores idle while the softmax runs, unless
+// another block or warpgroup on the SM has products in flight.
+template <typename Element, int kHeadDim, bool kCausal, class Config>
+__device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, const ConsumerWork& w,
+                                 float (&o)[kHeadDim / 2], float (&row_max2)[2], float (&row_sum)[2]) {
+  constexpr int kBlockCols = Config::kBlockCols;
+  constexpr int kStages = Config::kStages;
+  const int thread = threadIdx.x % kWarpgroupThreads;
+  const int warp = thread / 32, lane = thread % 32;
+  const int row0 = w.first_row + 16 * warp + lane / 4;  // this thread's rows: row0 and row0 + 8
+  const int t = lane % 4;
+  const int diagonal = w.seq_kv - w.seq_q;
+  const float positive_scale = fabsf(w.scale_log2);
+
+  float s[kBlockCols / 2] = {};
+  uint32_t p[kBlockCols / 16][4];
+  mbarrier_wait(sm.q_full(), 0);
+  if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.consumer, thread);
+  for (int j = 0; j < w.num_tiles; ++j) {
+    const int st = j % kStages;
+    const uint32_t full_parity = (j / kStages) & 1;
+    const int first_key = j * kBlockCols;
+
+    mbarrier_wait(sm.k_full(st), full_parity);
+    wgmma_fence();  // s and o were written by ordinary instructions since the last products
+    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.consumer, 0), sm.k(st, 0));
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    fence_registers(s);
+    release(sm.k_empty(st), lane);
+
+    // Only the last tile and the tiles on the causal diagonal are masked; the branch is the same for
+    // the whole warpgroup.
+    const bool needs_mask =
+        first_key + kBlockCols > w.seq_kv || (kCausal && first_key + kBlockCols > w.first_row + diagonal + 1);
+    float rescale[2];
+    softmax_tile<Element, kBlockCols, kCausal>(s, p, row_max2, row_sum, rescale, first_key, row0, w.seq_kv, diagonal,
+                                               needs_mask, positive_scale, t);
+    rescale_output(o, rescale);
+
+    mbarrier_wait(sm.v_full(st), full_parity);
+    wgmma_fence();
+    issue_output<Element, kHeadDim, Config>(o, p, sm.v(st, 0));
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    fence_registers(o);
+    fence_registers(p);
+    release(sm.v_empty(st), lane);
+  }
+}
+
+// The overlapped consumer loop (version B). Iteration j issues S_j = Q K_j^T and, behind it,
+// O += P_{j-1} V_{j-1}, the product of the tile before, so that the two are on the tensor cores
+// together:
+//   kIntraOverlap: the softmax of S_j runs while O += P_{j-1} V_{j-1} is still in flight
+//     (wgmma.wait_group 1 waits for S_j alone); O is rescaled only after the wait for everything
+//     (wait_group 0), since that product still accumulates into O. P_j cannot overwrite P_{j-1},
+//     which the product is reading: P has two buffers, used in turn (the loop body is written out
+//     twice, so that each buffer stays in its own registers; a copy from one to the other made ptxas
+//     serialize the products, its message C7513).
+//   kPingPong: the two consumer warpgroups issue their products in turns. Consumer c waits on named
+//     barrier kTurnBarrier + c before it issues, and arrives on the other's barrier after: while
+//     one runs its softmax, the other's products run. Consumer 1 arrives once before its first
+//     turn, so that consumer 0 goes first; consumer 0 takes one last turn at the end, which absorbs
+//     consumer 1's last arrival, so both barriers end as they started.
+// Tile 0 is taken apart before the loop (no product before it), so that no branch sits between a
+// wgmma and its wait inside the loop.
+template <typename Element, int kHeadDim, bool kCausal, class Config>
+__device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, const ConsumerWork& w,
+                                   float (&o)[kHeadDim / 2], float (&row_max2)[2], float (&row_sum)[2]) {
+  constexpr int kBlockCols = Config::kBlockCols;
+  constexpr int kStages = Config::kStages;
+  using Operand = uint32_t[kBlockCols / 16][4];
+  const int thread = threadIdx.x % kWarpgroupThreads;
+  const int warp = thread / 32, lane = thread % 32;
+  const int row0 = w.first_row + 16 * warp + lane / 4;
+  const int t = lane % 4;
+  const int diagonal = w.seq_kv - w.seq_q;
+  const float positive_scale = fabsf(w.scale_log2);
+  auto mask_needed = [&](int first_key) {
+    return first_key + kBlockCols > w.seq_kv || (kCausal && first_key + kBlockCols > w.first_row + diagonal + 1);
+  };
+
+  float s[kBlockCols / 2] = {};
+  Operand p_even = {}, p_odd = {};  // P of the even and of the odd tiles
+  mbarrier_wait(sm.q_full(), 0);
+  if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.consumer, thread);
+  if (Config::kPingPong && w.consumer == 1) pass_turn(1);  // consumer 0 goes first
+
+  // Tile 0: its scores, then its softmax into p_even; there is no product before it to overlap.
+  {
+    mbarrier_wait(sm.k_full(0), 0);
+    if (Config::kPingPong) wait_for_turn(w.consumer);
+    wgmma_fence();
+    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.consumer, 0), sm.k(0, 0));
+    wgmma_commit_group();
+    if (Config::kPingPong) pass_turn(w.consumer);
+    wgmma_wait_group<0>();
+    fence_registers(s);
+    release(sm.k_empty(0), lane);
+    float rescale[2];  // of an output that is still zero: nothing to rescale
+    softmax_tile<Element, kBlockCols, kCausal>(s, p_even, row_max2, row_sum, rescale, 0, row0, w.seq_kv, diagonal,
+                                               mask_needed(0), positive_scale, t);
+  }
+
+  // Tile j: S_j and P_{j-1} V_{j-1} on the tensor cores, then the softmax of S_j into p_out.
+  auto step = [&](int j, Operand& p_in, Operand& p_out) {
+    const int st = j % kStages, prev = (j - 1) % kStages;
+    const int first_key = j * kBlockCols;
+    mbarrier_wait(sm.k_full(st), (j / kStages) & 1);
+    mbarrier_wait(sm.v_full(prev), ((j - 1) / kStages) & 1);
+    if (Config::kPingPong) wait_for_turn(w.consumer);
+    wgmma_fence();
+    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.consumer, 0), sm.k(st, 0));
+    wgmma_commit_group();
+    issue_output<Element, kHeadDim, Config>(o, p_in, sm.v(prev, 0));
+    wgmma_commit_group();
+    if (Config::kPingPong) pass_turn(w.consumer);
+    float rescale[2];
+    if constexpr (Config::kIntraOverlap) {
+      wgmma_wait_group<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+      fence_registers(s);
+      release(sm.k_empty(st), lane);
+      softmax_tile<Element, kBlockCols, kCausal>(s, p_out, row_max2, row_sum, rescale, first_key, row0, w.seq_kv,
+                                                 diagonal, mask_needed(first_key), positive_scale, t);
+      wgmma_wait_group<0>();
+      fence_registers(o);
+      fence_registers(p_in);
+      release(sm.v_empty(prev), lane);
+    } else {
+      wgmma_wait_group<0>();
+      fence_registers(s);
+      fence_registers(o);
+      fence_registers(p_in);
+      release(sm.k_empty(st), lane);
+      release(sm.v_empty(prev), lane);
+      softmax_tile<Element, kBlockCols, kCausal>(s, p_out, row_max2, row_sum, rescale, first_key, row0, w.seq_kv,
+                                                 diagonal, mask_needed(first_key), positive_scale, t);
+    }
+    rescale_output(o, rescale);
+  };
+  int j = 1;
+  for (; j + 1 < w.num_tiles; j += 2) {
+    step(j, p_even, p_odd);
+    step(j + 1, p_odd, p_even);
+  }
+  if (j < w.num_tiles) step(j, p_even, p_odd);
+
+  // The last tile's O += P V. Its P is in p_odd when the last tile's index is odd: selected into
+  // p_even without a branch (a wgmma on each side of one made ptxas serialize them, message C7520).
+  const int last = w.num_tiles - 1;
+  const int st = last % kStages;
+  const bool odd = last % 2 == 1;
+#pragma unroll
+  for (int ks = 0; ks < kBlockCols / 16; ++ks)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) p_even[ks][e] = odd ? p_odd[ks][e] : p_even[ks][e];
+  mbarrier_wait(sm.v_full(st), (last / kStages) & 1);
+  if (Config::kPingPong) wait_for_turn(w.consumer);
+  wgmma_fence();
+  issue_output<Element, kHeadDim, Config>(o, p_even, sm.v(st, 0));
+  wgmma_commit_group();
+  if (Config::kPingPong) pass_turn(w.consumer);
+  wgmma_wait_group<0>();
+  fence_registers(o);
+  release(sm.v_empty(st), lane);
+  if (Config::kPingPong && w.consumer == 0) wait_for_turn(0);  // consumer 1's last pass
+}
+
+// O normalized and rounded to Element, lse in base e; rows past seq_q are not written. Each thread
+// writes two adjacent elements per 8-column block of its two rows (stage 10's store).
+template <typename Element, int kHeadDim>
+__device__ inline void store_output(Element* o_head, float* lse_head, const float (&o)[kHeadDim / 2],
+                                    const float (&row_max2)[2], const float (&row_sum)[2], int row0, int seq_q,
+                                    int t) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sum = sum_over_row_lanes(row_sum[h]);
+    const int row = row0 + 8 * h;
+    if (row >= seq_q) continue;
+    const float normalizer = sum > 0.0f ? 1.0f / sum : 0.0f;  // an empty row's O is zeros
+    Element* o_row = o_head + static_cast<long long>(row) * kHeadDim;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i)
+      *reinterpret_cast<uint32_t*>(o_row + 8 * i + 2 * t) =
+          pack2<Element>(o[4 * i + 2 * h] * normalizer, o[4 * i + 2 * h + 1] * normalizer);
+    // lse = ln(sum 2^(s2 - max2) * 2^max2) = (max2 + log2(sum)) * ln 2.
+    if (lse_head && t == 0) lse_head[row] = sum > 0.0f ? (row_max2[h] + log2f(sum)) * kLn2 : -INFINITY;
+  }
+}
+
+}  // namespace kernel_detail
+
+// One block per (batch, query head, query tile of Config::kBlockRows rows), ordered as stage 10's
+// grid: causal runs the longest tiles of every head first. q_map, k_map, v_map: 3-D tensor maps
+// (head_dim, sequence, batch * heads) over q, k, v with boxes of (64, 64 or Bc, 1), 128-byte swizzle
+// (hopper.cu makes them). The K/V head of query head h is an index into k_map and v_map (GQA).
+template <typename Element, int kHeadDim, bool kCausal, class Config>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                  const __grid_constant__ CUtensorMap v_map, Element* o, float* lse, int heads_q, int heads_kv,
+                  int seq_q, int seq_kv, float scale_log2, int num_q_tiles, int num_heads_total) {
+#if FLASH_HOPPER_SM90A
+  using namespace kernel_detail;
+  static_assert(sizeof(Element) == kElementBytes, "16-bit elements");
+  extern __shared__ unsigned char shared_raw[];
+  const Smem<Element, kHeadDim, Config> sm(shared_raw);
+
+  long long bh;
+  int q_tile;
+  if (kCausal) {
+    bh = blockIdx.x % num_heads_total;
+    q_tile = num_q_tiles - 1 - static_cast<int>(blockIdx.x / num_heads_total);
+  } else {
+    bh = blockIdx.x / num_q_tiles;
+    q_tile = static_cast<int>(blockIdx.x % num_q_tiles);
+  }
+  const int first_row = q_tile * Config::kBlockRows;
+  const int b = static_cast<int>(bh / heads_q);
+  const int h = static_cast<int>(bh % heads_q);
+  const int kv_head = b * heads_kv + flash::kv_head_of(h, heads_q, heads_kv);
+  const int last_row = min(first_row + Config::kBlockRows, seq_q) - 1;
+  const int key_end = kCausal ? min(seq_kv, flash::causal_key_end(last_row, seq_q, seq_kv)) : seq_kv;
+  const int num_tiles = key_end > 0 ? (key_end + Config::kBlockCols - 1) / Config::kBlockCols : 0;
+
+  if (threadIdx.x == 0) {
+    hopper::mbarrier_init(sm.q_full(), 1);  // the producer's arrive.expect_tx; the bytes complete it
+    for (int s = 0; s < Config::kStages; ++s) {
+      hopper::mbarrier_init(sm.k_full(s), 1);
+      hopper::mbarrier_init(sm.v_full(s), 1);
+      hopper::mbarrier_init(sm.k_empty(s), 4 * Config::kConsumers);  // one arrival per consumer warp
+      hopper::mbarrier_init(sm.v_empty(s), 4 * Config::kConsumers);
+    }
+    hopper::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  if (warpgroup == Config::kConsumers) {
+    // The producer. With kRegisterSplit it is a whole warpgroup, all of which must execute
+    // setmaxnreg; one thread issues the copies either way.
+    if constexpr (Config::kRegisterSplit) hopper::setmaxnreg_dec<kProducerRegisters>();
+    if (threadIdx.x % kWarpgroupThreads == 0 && num_tiles > 0)
+      produce<Element, kHeadDim, Config>(sm, &q_map, &k_map, &v_map, first_row, static_cast<int>(bh), kv_head,
+                                         num_tiles);
+  } else {
+    if constexpr (Config::kRegisterSplit) hopper::setmaxnreg_inc<kConsumerRegisters>();
+    ConsumerWork w;
+    w.consumer = warpgroup;
+    w.first_row = first_row + warpgroup * kWgmmaM;
+    w.num_tiles = num_tiles;
+    w.seq_q = seq_q;
+    w.seq_kv = seq_kv;
+    w.scale_log2 = scale_log2;
+    float acc_o[kHeadDim / 2] = {};
+    // Base-2 statistics of this thread's two rows: row_max2 = max of s * scale_log2, row_sum =
+    // this thread's share of sum 2^(s2 - row_max2), summed over the row's 4 threads at the end.
+    float row_max2[2] = {-INFINITY, -INFINITY};
+    float row_sum[2] = {0.0f, 0.0f};
+    if (num_tiles > 0) {
+      if constexpr (Config::kPingPong || Config::kIntraOverlap)
+        consume_overlapped<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum);
+      else
+        consume_in_order<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum);
+    }
+    const int lane = threadIdx.x % 32;
+    const int row0 = w.first_row + 16 * ((threadIdx.x % kWarpgroupThreads) / 32) + lane / 4;
+    store_output<Element, kHeadDim>(o + bh * seq_q * kHeadDim, lse ? lse + bh * seq_q : nullptr, acc_o, row_max2,
+                                    row_sum, row0, seq_q, lane % 4);
+  }
+#else
+  // Compiled for another target: never launched (stage12::check_gpu refuses first).
+  (void)q_map, (void)k_map, (void)v_map, (void)o, (void)lse, (void)heads_q, (void)heads_kv, (void)seq_q, (void)seq_kv;
+  (void)scale_log2, (void)num_q_tiles, (void)num_heads_total;
+#endif
+}
+
+}  // namespace stage12

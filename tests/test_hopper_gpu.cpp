@@ -1,0 +1,163 @@
+// Stage 12 (Hopper) on the GPU, one kernel configuration at a time: every variant the lesson
+// measures (stage12::Variant, from version A to the registered version B) on shapes that reach every
+// path of the kernel: one row and one key, lengths that are not multiples of the 64-row query tiles
+// or the 128-key K/V tiles, seq_q != seq_kv both ways (causal rows that see no key), a block whose
+// second consumer warpgroup has no rows, GQA and MQA, several K/V tiles through the 2-buffer ring,
+// both dtypes and head_dims, causal and not, a negative scale (Q negated in shared memory). Each is
+// held to FlashAttention's half-precision rule against the fp64 reference and to the agreement
+// tolerance against stage 10 on the same inputs, like the registered stage in the sweep of
+// test_stages_gpu.cpp. When the registered stage fails there, these say which piece broke.
+// Outputs are poisoned with NaN first. Every test name carries "stage12" (ctest -L stage12). Off a
+// Hopper GPU, or in a build without stage 12's sm_90a code, every test skips with the reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "12_hopper/hopper.h"
+#include "reference.h"
+#include "registry.h"
+
+namespace {
+
+constexpr uint64_t kSeed = 12;
+constexpr double kHalfLseTolerance = 1e-4;  // as in test_stages_gpu.cpp
+constexpr double kReferenceMacs = 1 << 26;  // host work per case for the fp64 reference, as there
+
+struct VariantCase {
+  stage12::Variant variant;
+  harness::Problem problem;
+};
+
+void PrintTo(const VariantCase& c, std::ostream* os) {
+  *os << "stage 12 variant '" << stage12::variant_name(c.variant) << "', " << c.problem.describe()
+      << ", scale " << c.problem.softmax_scale();
+}
+
+std::string case_name(const ::testing::TestParamInfo<VariantCase>& info) {
+  const harness::Problem& p = info.param.problem;
+  std::ostringstream s;
+  s << "stage12_variant" << static_cast<int>(info.param.variant) << "_d" << p.head_dim << "_b" << p.batch << "h"
+    << p.heads_q << "kv" << p.heads_kv << "_q" << p.seq_q << "_k" << p.seq_kv << (p.causal ? "_causal" : "") << "_"
+    << flash::dtype_name(p.dtype) << (p.softmax_scale() < 0 ? "_negscale" : "") << "_" << info.index;
+  return s.str();
+}
+
+// The forward of one variant in the registry's signature, so that registry::run_forward runs it.
+template <stage12::Variant kVariant>
+flash::Status variant_forward(const void* q, const void* k, const void* v, void* o, float* lse, int batch,
+                              int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale,
+                              bool causal, flash::DType dtype, void* workspace, size_t workspace_bytes,
+                              cudaStream_t stream) {
+  return stage12::forward_variant(kVariant, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                  scale, causal, dtype, workspace, workspace_bytes, stream);
+}
+
+registry::ForwardFn variant_fn(stage12::Variant v) {
+  switch (v) {
+    case stage12::Variant::kRegistered: return variant_forward<stage12::Variant::kRegistered>;
+    case stage12::Variant::kOneConsumer: return variant_forward<stage12::Variant::kOneConsumer>;
+    case stage12::Variant::kTwoConsumers: return variant_forward<stage12::Variant::kTwoConsumers>;
+    case stage12::Variant::kRegisterSplit: return variant_forward<stage12::Variant::kRegisterSplit>;
+    case stage12::Variant::kPingPong: return variant_forward<stage12::Variant::kPingPong>;
+    case stage12::Variant::kIntraOverlap: return variant_forward<stage12::Variant::kIntraOverlap>;
+  }
+  return nullptr;
+}
+
+std::vector<VariantCase> variant_cases() {
+  // {batch, heads_q, heads_kv, seq_q, seq_kv}
+  const int shapes[][5] = {
+      {1, 1, 1, 1, 1},        // one row, one key
+      {1, 2, 2, 64, 128},     // exactly one query tile of version A, one K/V tile
+      {2, 3, 3, 17, 1000},    // short query tile, 8 K/V tiles, the last one partial
+      {2, 8, 2, 129, 63},     // GQA, seq_q > seq_kv: causal rows that see no key; a half-empty second consumer
+      {1, 4, 1, 200, 200},    // MQA
+      {1, 2, 2, 1000, 1024},  // many tiles through the ring, both consumers busy
+  };
+  std::vector<VariantCase> cases;
+  for (int v = 1; v < stage12::kVariantCount; ++v)
+    for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
+      for (int head_dim : {64, 128})
+        for (const auto& s : shapes)
+          for (bool causal : {false, true}) {
+            harness::Problem p{s[0], s[1], s[2], s[3], s[4], head_dim, causal};
+            p.dtype = dtype;
+            cases.push_back({static_cast<stage12::Variant>(v), p});
+          }
+  // A negative scale (Q negated in shared memory, with its proxy fence) for every variant.
+  for (int v = 1; v < stage12::kVariantCount; ++v) {
+    harness::Problem p{2, 4, 2, 129, 200, 128, true};
+    p.dtype = flash::DType::kBf16;
+    p.scale = -0.2f;
+    cases.push_back({static_cast<stage12::Variant>(v), p});
+  }
+  return cases;
+}
+
+class Stage12Variant : public ::testing::TestWithParam<VariantCase> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!harness::gpu_available(&why)) GTEST_SKIP() << why;
+    const flash::Status status = stage12::check_gpu();
+    if (status.code == flash::StatusCode::kArchNotSupported) GTEST_SKIP() << "stage12: " << flash::to_string(status);
+  }
+};
+
+TEST_P(Stage12Variant, MatchesReferenceAndStage10) {
+  const harness::Problem& p = GetParam().problem;
+  registry::Stage variant = *registry::find(12);
+  variant.forward = variant_fn(GetParam().variant);
+  const harness::HostInputs host = harness::make_inputs(p, kSeed);
+  const registry::ForwardResult got = registry::run_forward(variant, p, host);
+  ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+  EXPECT_EQ(harness::count_nonfinite(got.o), 0u) << "unwritten or non-finite output";
+
+  const long long max_rows = std::max(64LL, static_cast<long long>(kReferenceMacs / (2.0 * p.seq_kv * p.head_dim)));
+  const std::vector<long long> rows = harness::sample_rows(p.rows(), max_rows);
+  const reference::HalfPrecisionCheck check =
+      reference::check_half_precision(p, host, rows, harness::gather_rows(got.o, rows, p.head_dim));
+  EXPECT_TRUE(check.passes()) << "O vs reference: " << check.error.describe() << ", allowed max_abs " << check.bound;
+  const harness::ErrorStats lse_err = harness::compare(harness::gather_rows(got.lse, rows, 1), check.exact.lse);
+  EXPECT_TRUE(lse_err.within(kHalfLseTolerance)) << "lse vs reference: " << lse_err.describe();
+
+  const registry::ForwardResult before = registry::run_forward(*registry::find(10), p, host);
+  ASSERT_TRUE(before.status.ok()) << flash::to_string(before.status);
+  const harness::ErrorStats prev_err = harness::compare(got.o, before.o);
+  const double tolerance = harness::agreement_tolerance(p.dtype, p.dtype);
+  EXPECT_TRUE(prev_err.within(tolerance)) << "O vs stage 10: " << prev_err.describe() << " (allowed " << tolerance
+                                          << ")";
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, Stage12Variant, ::testing::ValuesIn(variant_cases()), case_name);
+
+// The variants are the same function: on the same inputs each agrees with version A to rounding
+// (their sums run in other orders only where the overlapped loop regroups them; the products are
+// the same wgmma).
+TEST(stage12_hopper, VariantsAgreeWithVersionA) {
+  std::string why;
+  if (!harness::gpu_available(&why)) GTEST_SKIP() << why;
+  const flash::Status gpu = stage12::check_gpu();
+  if (gpu.code == flash::StatusCode::kArchNotSupported) GTEST_SKIP() << "stage12: " << flash::to_string(gpu);
+  harness::Problem p{2, 8, 2, 1000, 1024, 128, true};
+  p.dtype = flash::DType::kBf16;
+  const harness::HostInputs host = harness::make_inputs(p, kSeed);
+  registry::Stage a = *registry::find(12);
+  a.forward = variant_fn(stage12::Variant::kOneConsumer);
+  const registry::ForwardResult base = registry::run_forward(a, p, host);
+  ASSERT_TRUE(base.status.ok()) << flash::to_string(base.status);
+  for (int v = 2; v < stage12::kVariantCount; ++v) {
+    registry::Stage s = *registry::find(12);
+    s.forward = variant_fn(static_cast<stage12::Variant>(v));
+    const registry::ForwardResult got = registry::run_forward(s, p, host);
+    ASSERT_TRUE(got.status.ok()) << flash::to_string(got.status);
+    const harness::ErrorStats err = harness::compare(got.o, base.o);
+    EXPECT_TRUE(err.within(harness::agreement_tolerance(p.dtype, p.dtype)))
+        << stage12::variant_name(static_cast<stage12::Variant>(v)) << " vs version A: " << err.describe();
+  }
+}
+
+}  // namespace
