@@ -121,10 +121,17 @@ ForwardRows forward(const harness::Problem& p, const harness::HostInputs& in) {
 // For one row with probabilities P and upstream gradient dO:
 //   dV_j += P_j dO;   dP_j = dO . V_j;   dS_j = P_j (dP_j - sum_k P_k dP_k);
 //   dQ += scale sum_j dS_j K_j;   dK_j += scale dS_j Q.
-// Rows are processed one (b, kv head) group at a time so that the dK / dV sums have one writer.
+// The rows of one (b, kv head) group are cut into parts, each processed by one thread: dQ rows have
+// one writer, and each part sums dK / dV into its own partial, added up in part order afterwards (the
+// same order whatever the thread count). The long cases of the tests have a single head, so one thread
+// per group would leave the host's other cores idle.
 // With rounded = true, S, P, dP, dS and the gradients are each rounded to p.dtype where PyTorch stores
 // them in that dtype (backward_in_dtype).
 namespace {
+
+// Parts per group: at most 16, and their partial dK / dV together at most 256 MiB.
+constexpr int kMaxRowParts = 16;
+constexpr double kMaxPartialBytes = 256.0 * (1 << 20);
 
 Gradients backward_impl(const harness::Problem& p, const harness::HostInputs& in, bool rounded) {
   auto stored = [&](double x) {
@@ -136,11 +143,24 @@ Gradients backward_impl(const harness::Problem& p, const harness::HostInputs& in
   g.dv.assign(in.v.size(), 0.0);
   const int group = p.heads_q / p.heads_kv;
   const double scale = p.softmax_scale();
-  parallel_for(static_cast<long long>(p.batch) * p.heads_kv, [&](long long kv_head) {
+  const long long groups = static_cast<long long>(p.batch) * p.heads_kv;
+  const long long group_rows = static_cast<long long>(group) * p.seq_q;
+  const long long kv_elems = static_cast<long long>(p.seq_kv) * p.head_dim;  // one group's K (or V)
+  const double bytes_per_part = 2.0 * sizeof(double) * static_cast<double>(groups * kv_elems);
+  const int parts = static_cast<int>(
+      std::clamp<double>(std::min<double>(kMaxPartialBytes / bytes_per_part, group_rows), 1.0, kMaxRowParts));
+  std::vector<double> part_dk(static_cast<size_t>(groups * parts * kv_elems), 0.0);
+  std::vector<double> part_dv(part_dk.size(), 0.0);
+  parallel_for(groups * parts, [&](long long item) {
+    const long long kv_head = item / parts, part = item % parts;
     const long long b = kv_head / p.heads_kv;
-    const long long first_head = b * p.heads_q + (kv_head % p.heads_kv) * group;
-    for (long long row = first_head * p.seq_q; row < (first_head + group) * p.seq_q; ++row) {
+    const long long first_row = (b * p.heads_q + (kv_head % p.heads_kv) * group) * p.seq_q;
+    double* dk = part_dk.data() + item * kv_elems;
+    double* dv = part_dv.data() + item * kv_elems;
+    for (long long row = first_row + group_rows * part / parts; row < first_row + group_rows * (part + 1) / parts;
+         ++row) {
       const RowIndex r = index_row(p, row);
+      const long long kv_base = r.kv_offset;  // dk / dv above are this group's slices
       std::vector<double> prob = row_scores(p, in, r);
       for (double& s : prob) s = stored(s);
       softmax_in_place(prob);
@@ -148,22 +168,33 @@ Gradients backward_impl(const harness::Problem& p, const harness::HostInputs& in
       std::vector<double> dp(r.key_end, 0.0);
       double p_dot_dp = 0.0;
       for (int j = 0; j < r.key_end; ++j) {
-        const long long kv = r.kv_offset + static_cast<long long>(j) * p.head_dim;
+        const long long kv = static_cast<long long>(j) * p.head_dim;
         for (int c = 0; c < p.head_dim; ++c) {
           const double d_out = in.d_out[r.q_offset + c];
-          g.dv[kv + c] += prob[j] * d_out;
-          dp[j] += d_out * in.v[kv + c];
+          dv[kv + c] += prob[j] * d_out;
+          dp[j] += d_out * in.v[kv_base + kv + c];
         }
         dp[j] = stored(dp[j]);
         p_dot_dp += prob[j] * dp[j];
       }
       for (int j = 0; j < r.key_end; ++j) {
-        const long long kv = r.kv_offset + static_cast<long long>(j) * p.head_dim;
+        const long long kv = static_cast<long long>(j) * p.head_dim;
         const double ds = stored(prob[j] * (dp[j] - p_dot_dp));
         for (int c = 0; c < p.head_dim; ++c) {
-          g.dq[r.q_offset + c] += scale * ds * in.k[kv + c];
-          g.dk[kv + c] += scale * ds * in.q[r.q_offset + c];
+          g.dq[r.q_offset + c] += scale * ds * in.k[kv_base + kv + c];
+          dk[kv + c] += scale * ds * in.q[r.q_offset + c];
         }
+      }
+    }
+  });
+  parallel_for(groups, [&](long long kv_head) {
+    double* dk = g.dk.data() + kv_head * kv_elems;
+    double* dv = g.dv.data() + kv_head * kv_elems;
+    for (int part = 0; part < parts; ++part) {
+      const long long item = kv_head * parts + part;
+      for (long long e = 0; e < kv_elems; ++e) {
+        dk[e] += part_dk[item * kv_elems + e];
+        dv[e] += part_dv[item * kv_elems + e];
       }
     }
   });

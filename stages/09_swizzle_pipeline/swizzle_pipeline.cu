@@ -249,8 +249,7 @@ flash::Status launch(const void* q, const void* k, const void* v, void* o, float
   constexpr size_t kSharedBytes = sizeof(SharedTiles<Element, kHeadDim>);
   flash::Status status = flash::check_shared_memory(kSharedBytes);  // 80 KiB at head_dim 128
   if (status.ok())
-    status = flash::cuda_status(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
+    status = flash::allow_shared_memory(kernel, kSharedBytes);
   if (!status.ok()) return status;
   const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;
   const long long blocks = static_cast<long long>(batch) * heads_q * num_q_tiles;

@@ -364,8 +364,7 @@ flash::Status launch_flash2(const void* q, const void* k, const void* v, void* o
   constexpr size_t kSharedBytes = sizeof(kernel_detail::SharedTiles<Element, kHeadDim, Config>);
   flash::Status status = flash::check_shared_memory(kSharedBytes);
   if (status.ok())
-    status = flash::cuda_status(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
+    status = flash::allow_shared_memory(kernel, kSharedBytes);
   if (!status.ok()) return status;
   constexpr int kBlockRows = Config::kWarps * Config::kWarpRows;
   const int num_q_tiles = (seq_q + kBlockRows - 1) / kBlockRows;

@@ -116,8 +116,7 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   constexpr size_t kSharedBytes = kernel_detail::SharedLayout<kHeadDim, Config>::kDynamicBytes;
   flash::Status status = flash::check_shared_memory(kSharedBytes);
   if (status.ok())
-    status = flash::cuda_status(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSharedBytes)));
+    status = flash::allow_shared_memory(kernel, kSharedBytes);
   CUtensorMap q_map, k_map, v_map;
   const long long heads_total_q = static_cast<long long>(batch) * heads_q;
   const long long heads_total_kv = static_cast<long long>(batch) * heads_kv;

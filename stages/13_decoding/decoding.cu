@@ -65,7 +65,7 @@ flash::Status gpu_facts(Kernel kernel, int shared_bytes, GpuFacts* facts) {
     return s;
   }
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once per device.
-  s = flash::cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+  s = flash::allow_shared_memory(kernel, shared_bytes);
   if (s.ok()) s = flash::cuda_status(cudaDeviceGetAttribute(&facts->num_sms, cudaDevAttrMultiProcessorCount, device));
   if (s.ok())
     s = flash::cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&facts->blocks_per_sm, kernel,
