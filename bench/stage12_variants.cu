@@ -4,8 +4,11 @@
 // built for reference. Lesson 12's table "each piece switched on" comes from this program's output.
 // Needs a Hopper GPU (compute capability 9.0) and a build with stage 12's sm_90a code.
 //
-//   build/bin/stage12-variants [--json]
+//   build/bin/stage12-variants [--json] [--dtype bf16|fp16] [--head-dim 64|128]
+// (--dtype and --head-dim keep one part of the grid: the inputs of each shape are made on the host,
+// which takes most of the program's time.)
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -16,6 +19,7 @@
 namespace {
 
 constexpr int kExitNoGpu = 2;  // no GPU, not a Hopper GPU, or a build without stage 12's sm_90a code
+constexpr int kExitUsage = 3;  // an option it does not know (the runner's code for the same)
 constexpr uint64_t kSeed = 2024;
 constexpr int kTokens = 16384;
 constexpr int kHeadsTimesDim = 2048;
@@ -25,7 +29,21 @@ constexpr int kRuns = 20;
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool json = argc > 1 && std::strcmp(argv[1], "--json") == 0;
+  bool json = false;
+  const char* only_dtype = nullptr;
+  int only_head_dim = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) {
+      json = true;
+    } else if (std::strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
+      only_dtype = argv[++i];
+    } else if (std::strcmp(argv[i], "--head-dim") == 0 && i + 1 < argc) {
+      only_head_dim = std::atoi(argv[++i]);
+    } else {
+      std::fprintf(stderr, "usage: stage12-variants [--json] [--dtype bf16|fp16] [--head-dim 64|128]\n");
+      return kExitUsage;
+    }
+  }
   std::string why;
   if (!harness::gpu_available(&why)) {
     std::fprintf(stderr, "stage12-variants: %s\n", why.c_str());
@@ -42,6 +60,9 @@ int main(int argc, char** argv) {
     for (int head_dim : {64, 128})
       for (bool causal : {false, true})
         for (int seq : {1024, 4096, 16384}) {
+          if ((only_dtype && std::strcmp(only_dtype, flash::dtype_name(dtype)) != 0) ||
+              (only_head_dim != 0 && only_head_dim != head_dim))
+            continue;
           harness::Problem p;
           p.batch = kTokens / seq;
           p.heads_q = p.heads_kv = kHeadsTimesDim / head_dim;

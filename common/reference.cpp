@@ -133,7 +133,8 @@ namespace {
 constexpr int kMaxRowParts = 16;
 constexpr double kMaxPartialBytes = 256.0 * (1 << 20);
 
-Gradients backward_impl(const harness::Problem& p, const harness::HostInputs& in, bool rounded) {
+// rounded: backward_in_dtype's roundings; d_from_stored_o: backward_with_stored_o's D.
+Gradients backward_impl(const harness::Problem& p, const harness::HostInputs& in, bool rounded, bool d_from_stored_o) {
   auto stored = [&](double x) {
     return rounded ? static_cast<double>(harness::round_to(p.dtype, static_cast<float>(x))) : x;
   };
@@ -177,6 +178,14 @@ Gradients backward_impl(const harness::Problem& p, const harness::HostInputs& in
         dp[j] = stored(dp[j]);
         p_dot_dp += prob[j] * dp[j];
       }
+      if (d_from_stored_o) {  // D = dO . O, O as the forward stores it
+        p_dot_dp = 0.0;
+        for (int c = 0; c < p.head_dim; ++c) {
+          double o = 0.0;
+          for (int j = 0; j < r.key_end; ++j) o += prob[j] * in.v[kv_base + static_cast<long long>(j) * p.head_dim + c];
+          p_dot_dp += static_cast<double>(in.d_out[r.q_offset + c]) * harness::round_to(p.dtype, static_cast<float>(o));
+        }
+      }
       for (int j = 0; j < r.key_end; ++j) {
         const long long kv = static_cast<long long>(j) * p.head_dim;
         const double ds = stored(prob[j] * (dp[j] - p_dot_dp));
@@ -206,19 +215,27 @@ Gradients backward_impl(const harness::Problem& p, const harness::HostInputs& in
 
 }  // namespace
 
-Gradients backward(const harness::Problem& p, const harness::HostInputs& in) { return backward_impl(p, in, false); }
+Gradients backward(const harness::Problem& p, const harness::HostInputs& in) {
+  return backward_impl(p, in, false, false);
+}
 
 Gradients backward_in_dtype(const harness::Problem& p, const harness::HostInputs& in) {
-  return backward_impl(p, in, true);
+  return backward_impl(p, in, true, false);
+}
+
+Gradients backward_with_stored_o(const harness::Problem& p, const harness::HostInputs& in) {
+  return backward_impl(p, in, false, true);
 }
 
 HalfGradientCheck check_half_gradient(const std::vector<float>& got, const std::vector<double>& exact,
-                                      const std::vector<double>& baseline) {
+                                      const std::vector<double>& baseline, const std::vector<double>& stored_o) {
   const std::vector<float> baseline_f(baseline.begin(), baseline.end());
   HalfGradientCheck c;
   c.error = harness::compare(got, exact);
   c.baseline_max_abs = harness::compare(baseline_f, exact).max_abs;
-  c.bound = kHalfErrorFactor * c.baseline_max_abs + kHalfGradientSlack;
+  for (size_t e = 0; e < exact.size(); ++e)
+    c.stored_o_max_abs = std::max(c.stored_o_max_abs, std::abs(stored_o[e] - exact[e]));
+  c.bound = kHalfErrorFactor * c.baseline_max_abs + c.stored_o_max_abs + kHalfGradientSlack;
   return c;
 }
 

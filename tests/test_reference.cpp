@@ -208,19 +208,40 @@ TEST(ReferenceBackwardInDtype, Fp32BaselineIsTheExactOneToFp32) {
   EXPECT_LT(err.rel_l2, 1e-6) << err.describe();
 }
 
-// The rule's arithmetic: bound = 2 * baseline + slack, and a non-finite element fails whatever its size.
+// The rule's arithmetic: bound = 2 * baseline + stored-O term + slack, and a non-finite element
+// fails whatever its size.
 TEST(ReferenceBackwardInDtype, RuleBoundAndNonFinite) {
   const std::vector<double> exact = {1.0, -2.0, 0.5};
   const std::vector<double> baseline = {1.0 + 1e-3, -2.0, 0.5};
-  const std::vector<float> within = {1.0f + 2e-3f, -2.0f, 0.5f};
+  const std::vector<double> stored_o = {1.0, -2.0, 0.5 - 5e-4};
+  const std::vector<float> within = {1.0f + 2.5e-3f, -2.0f, 0.5f};
   const std::vector<float> past = {1.0f, -2.0f + 3e-3f, 0.5f};
-  const reference::HalfGradientCheck a = reference::check_half_gradient(within, exact, baseline);
+  const reference::HalfGradientCheck a = reference::check_half_gradient(within, exact, baseline, stored_o);
   EXPECT_NEAR(a.baseline_max_abs, 1e-3, 1e-6);  // the baseline is compared as floats
-  EXPECT_NEAR(a.bound, 2e-3 + reference::kHalfGradientSlack, 2e-6);
+  EXPECT_NEAR(a.stored_o_max_abs, 5e-4, 1e-12);
+  EXPECT_NEAR(a.bound, 2e-3 + 5e-4 + reference::kHalfGradientSlack, 2e-6);
   EXPECT_TRUE(a.passes()) << a.error.describe();
-  EXPECT_FALSE(reference::check_half_gradient(past, exact, baseline).passes());
+  EXPECT_FALSE(reference::check_half_gradient(past, exact, baseline, stored_o).passes());
   const std::vector<float> nan = {1.0f, std::numeric_limits<float>::quiet_NaN(), 0.5f};
-  EXPECT_FALSE(reference::check_half_gradient(nan, exact, baseline).passes());
+  EXPECT_FALSE(reference::check_half_gradient(nan, exact, baseline, stored_o).passes());
+}
+
+// D from the stored O: the exact gradients in fp32 (where O is not rounded), and off them in bf16.
+TEST(ReferenceBackwardWithStoredO, ExactInFp32AndOffInBf16) {
+  harness::Problem p = small_problem(2, 2, 64, false);
+  const harness::HostInputs in = harness::make_inputs(p, 21);
+  const reference::Gradients exact = reference::backward(p, in);
+  auto max_diff = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double m = 0.0;
+    for (size_t e = 0; e < a.size(); ++e) m = std::max(m, std::abs(a[e] - b[e]));
+    return m;
+  };
+  p.dtype = flash::DType::kFp32;
+  EXPECT_LT(max_diff(reference::backward_with_stored_o(p, in).dk, exact.dk), 1e-6);
+  p.dtype = flash::DType::kBf16;
+  const double bf16_diff = max_diff(reference::backward_with_stored_o(p, in).dk, exact.dk);
+  EXPECT_GT(bf16_diff, 1e-5);
+  EXPECT_LT(bf16_diff, 5e-2);
 }
 
 }  // namespace
