@@ -712,6 +712,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       half-geo/TAG/IMPL[/BASE]          geometric mean over d, causal and N >= 1024 of IMPL's speed over
                                         BASE's (default sdpa-flash) in that file, e.g. half-geo/bf16/stage10
       half-min/TAG/IMPL[/BASE]          the lowest cell of the same
+      half-bwd/..., half-bwd-geo/..., half-bwd-min/...   the same three of the backward (stage11,
+                                        stage11-det, sdpa-*), e.g. half-bwd-geo/bf16/stage11
       ncu-tensor/dD/STAGE/WHAT         bank (shared-load conflicts), tensor (pipe %), short/long/barrier
                                         (stalls per issue) of h100_ncu_tensor_dD_raw.csv
       ncu-raw/dD/SS/METRIC              that metric of h100_ncu_dD.csv as the profiler counted it (integer)
@@ -827,10 +829,12 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                 v = float(r[-1].replace(",", ""))
                 return f"{v:,.0f}" if what == "bank" else f"{v:.1f}" if what == "tensor" else f"{v:.2f}"
         raise KeyError(spec)
-    if kind in ("half", "half-geo", "half-min"):
+    if kind in ("half", "half-geo", "half-min", "half-bwd", "half-bwd-geo", "half-bwd-min"):
+        direction = "backward" if kind.startswith("half-bwd") else "forward"
+        kind = kind.replace("-bwd", "")
         rows = {(r["impl"], r["head_dim"], r["causal"], r["seq"]): r
                 for r in json.loads((RESULTS / f"compare_h100_{parts[1]}.json").read_text())["results"]
-                if r["status"] == "ok" and r["direction"] == "forward"}
+                if r["status"] == "ok" and r["direction"] == direction}
         if kind == "half":
             return f"{rows[(parts[2], int(parts[3][1:]), parts[4] == 'c1', int(parts[5]))]['tflops']:.1f}"
         impl, base = parts[2], parts[3] if len(parts) > 3 else "sdpa-flash"
