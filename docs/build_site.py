@@ -198,9 +198,11 @@ LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]+)\]\((?P<url>[^)\s]+)\)")
 BOLD_MATH = re.compile(r"\*\*(?=[^*\n]*\$)([^*\n]+?)\*\*")
 
 
-# A picture on a line of its own, ![caption](path/to/docs/diagrams/NAME.svg): Doxygen copies it into
-# the site from IMAGE_PATH (docs/diagrams, see Doxyfile.in) when it is written as an \\image command.
-DIAGRAM = re.compile(r"^!\[(?P<alt>[^\]]*)\]\((?P<path>[^)\s]*diagrams/(?P<name>[\w.-]+\.svg))\)[ \t]*$", re.M)
+# A picture on a line of its own, ![caption](path/to/docs/diagrams/NAME.svg) or a plot of the measured
+# results, ![caption](path/to/bench/results/NAME.png): Doxygen copies it into the site from IMAGE_PATH
+# (docs/diagrams and bench/results, see Doxyfile.in) when it is written as an \\image command.
+DIAGRAM = re.compile(r"^!\[(?P<alt>[^\]]*)\]\((?P<path>[^)\s]*(?:diagrams/(?P<svg>[\w.-]+\.svg)|"
+                     r"bench/results/(?P<png>[\w.-]+\.png)))\)[ \t]*$", re.M)
 
 
 def convert_prose(chunk, src, ctx):
@@ -209,7 +211,7 @@ def convert_prose(chunk, src, ctx):
     images = []
 
     def image(m):
-        images.append(f'\\image html {m["name"]} "{m["alt"].replace(chr(34), chr(39))}"')
+        images.append(f'\\image html {m["svg"] or m["png"]} "{m["alt"].replace(chr(34), chr(39))}"')
         return f"DIAGRAMPLACEHOLDER{len(images) - 1}X"
 
     chunk = DIAGRAM.sub(image, chunk)

@@ -30,6 +30,12 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
               GB/s over the K and V bytes, contiguous and paged, and their share of the HBM datasheet
   decode-compare  stage 13 against SDPA's flash backend (bench/compare.py --decode's table,
               bench/results/compare_h100_decode.md)
+  stage11-backward-bf16, stage11-backward-fp16  stage 11's backward (both modes) against FlashAttention-2
+              (sdpa-flash) and cuDNN: TFLOP/s, stage11 / flash and stage11-det / stage11 per cell, with
+              their geometric means over N >= 1024 (from compare_h100_bf16.json, compare_h100_fp16.json)
+  ncu-stage11 each kernel of one stage 11 backward call at head_dim 64 and 128 (Nsight Compute, first
+              call): time, registers, warps active, SM, tensor pipe, busiest memory unit and DRAM
+              throughput, share of the call (h100_ncu_stage11_dD.csv and _tensor.csv)
 Both decode tables say "not measured yet" and name the script until their file is committed
 (scripts/gpu_check_decode.sh writes both).
 
@@ -620,13 +626,203 @@ def decode_compare_table():
            "`bench/results/compare_h100_decode.png`."
 
 
+# ---------------------------------------------------------------------------------------------
+# Stage 11's backward: compare.py's backward columns, Nsight Compute per kernel, the bf16 training run,
+# the case that changed the half backward's rule
+# ---------------------------------------------------------------------------------------------
+
+# The backward columns of the stage 11 table: the stage in its two modes, FlashAttention-2, cuDNN.
+BACKWARD_TC_IMPLS = ("stage11", "stage11-det", "sdpa-flash", "sdpa-cudnn")
+
+
+def load_half_backward(tag):
+    """{(impl, head_dim, causal, seq): row} of the backward runs that succeeded in compare_h100_TAG.json."""
+    return {(r["impl"], r["head_dim"], r["causal"], r["seq"]): r
+            for r in json.loads((RESULTS / f"compare_h100_{tag}.json").read_text())["results"]
+            if r["status"] == "ok" and r["direction"] == "backward"}
+
+
+def geo_mean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def backward_tc_table(tag):
+    """Stage 11's backward against PyTorch's backends in one dtype, from compare_h100_TAG.json: TFLOP/s of
+    both modes, FlashAttention-2 (sdpa-flash) and cuDNN, the default mode's speed over FlashAttention-2
+    and the deterministic mode's over the default's (time over time, as value:half-bwd-geo computes them),
+    with their geometric means over N >= 1024."""
+    rows = load_half_backward(tag)
+    keys = sorted({k[1:] for k in rows if k[0] == "stage11"})
+    lines = ["| d | causal | N | " + " | ".join(BACKWARD_TC_IMPLS) + " | stage11 / flash | stage11-det / stage11 |",
+             "|---|---|---|" + "---|" * (len(BACKWARD_TC_IMPLS) + 2)]
+    over_flash, det_over = [], []
+    for d, causal, n in keys:
+        cells = [f"{rows[(i, d, causal, n)]['tflops']:.1f}" if (i, d, causal, n) in rows else "–"
+                 for i in BACKWARD_TC_IMPLS]
+        ms = {i: rows[(i, d, causal, n)]["median_ms"] for i in BACKWARD_TC_IMPLS if (i, d, causal, n) in rows}
+        ratios = []
+        for num, den, kept in (("sdpa-flash", "stage11", over_flash), ("stage11", "stage11-det", det_over)):
+            if num in ms and den in ms:
+                ratios.append(f"{ms[num] / ms[den]:.2f}x")
+                if n >= 1024:
+                    kept.append(ms[num] / ms[den])
+            else:
+                ratios.append("–")
+        lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | " + " | ".join(cells + ratios) + " |")
+    lines.append("| geometric mean | | N >= 1024 | " + " | " * (len(BACKWARD_TC_IMPLS) - 1) +
+                 f" | {geo_mean(over_flash):.2f}x (min {min(over_flash):.2f}x) | "
+                 f"{geo_mean(det_over):.2f}x (min {min(det_over):.2f}x) |")
+    meta = json.loads((RESULTS / f"compare_h100_{tag}.json").read_text())["meta"]
+    lines.append("")
+    lines.append(f"Backward TFLOP/s, {meta['dtype']}, {meta['gpu']}, PyTorch {meta['torch']} (FlashAttention convention: "
+                 "2.5 × the forward's 4·B·H·N²·d, halved when causal); B·N = 16384 tokens, H·d = 2048. stage11: "
+                 "dQ by atomics; stage11-det: the deterministic mode; sdpa-flash: PyTorch's FlashAttention-2 "
+                 "backend. The ratios are speeds (the other's time over this one's) in the same run. From "
+                 f"`bench/results/compare_h100_{tag}.json` (`bench/compare.py --dtype {meta['dtype']}`).")
+    return "\n".join(lines)
+
+
+# The columns of the per-kernel profile of a stage (scripts: the ncu command of bench/results/RUNS.md):
+# short name -> (metric, label, decimals). "tensor" comes from the _tensor file of the same run.
+NCU_STAGE_COLUMNS = {
+    "ms": ("gpu__time_duration.sum", "time (ms)", 3),
+    "registers": ("launch__registers_per_thread", "registers per thread", 0),
+    "warps": ("sm__warps_active.avg.pct_of_peak_sustained_active", "warps active (% of 64)", 1),
+    "sm": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM (% of peak)", 1),
+    "tensor": ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", "tensor pipe (% of peak)", 1),
+    "mem": ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "busiest memory unit (% of peak)", 1),
+    "dram": ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM (% of peak)", 1),
+}
+
+
+def load_ncu_stage(stage, head_dim):
+    """{kernel: {metric: value}} of the first launch of each kernel in h100_ncu_stageSS_dD.csv and its
+    _tensor.csv (ncu --csv: a benchmark's text first, then one row per metric; kernel names shortened to
+    row_dot, dk_dv, ...), kernels in launch order. The benchmark calls the backward several times under
+    the profiler; the first launch of each kernel belongs to the first call. Times in ns; n/a left out."""
+    out = {}
+    for suffix in ("", "_tensor"):
+        first = {}  # kernel -> the ID of its first launch in this file
+        with open(RESULTS / f"h100_ncu_stage{stage:02d}_d{head_dim}{suffix}.csv", newline="") as f:
+            for row in csv.reader(f):
+                if len(row) < 15 or row[0] == "ID":
+                    continue
+                name = re.search(r"(\w+?)_kernel\b", row[4])
+                kernel = name[1] if name else row[4]
+                if first.setdefault(kernel, row[0]) != row[0]:
+                    continue
+                try:
+                    out.setdefault(kernel, {})[row[-3]] = float(row[-1].replace(",", ""))
+                except ValueError:
+                    continue
+    return out
+
+
+def ncu_stage_value(stage, head_dim, kernel, what):
+    """One figure of the per-kernel profile: a column of NCU_STAGE_COLUMNS, share (the kernel's % of the
+    call's time), warps-per-sm (active warps per SM) or, with kernel "all", ms (the call's time)."""
+    kernels = load_ncu_stage(stage, head_dim)
+    total_ns = sum(m["gpu__time_duration.sum"] for m in kernels.values())
+    if kernel == "all":
+        if what != "ms":
+            raise KeyError(what)
+        return f"{total_ns / 1e6:.2f}"
+    m = kernels[kernel]
+    if what == "share":
+        return f"{100 * m['gpu__time_duration.sum'] / total_ns:.1f}"
+    if what == "warps-per-sm":
+        return f"{m['sm__warps_active.avg.pct_of_peak_sustained_active'] / 100 * 64:.1f}"
+    metric, _, decimals = NCU_STAGE_COLUMNS[what]
+    v = m[metric] / (1e6 if what == "ms" else 1)
+    return f"{v:,.{decimals}f}"
+
+
+def ncu_stage_table(stage, head_dims=(64, 128)):
+    """Time and what binds each kernel of one backward call of a stage (stage 11: row_dot, dk_dv,
+    convert_dq), one row per kernel and head_dim."""
+    lines = ["| kernel | head_dim | " + " | ".join(c[1] for c in NCU_STAGE_COLUMNS.values()) + " | share of the call |",
+             "|---|---|" + "---|" * (len(NCU_STAGE_COLUMNS) + 1)]
+    kernels = list(load_ncu_stage(stage, head_dims[0]))
+    for kernel in kernels:
+        for d in head_dims:
+            cells = [ncu_stage_value(stage, d, kernel, what) for what in NCU_STAGE_COLUMNS]
+            lines.append(f"| `{kernel}_kernel` | {d} | " + " | ".join(cells) +
+                         f" | {ncu_stage_value(stage, d, kernel, 'share')}% |")
+    lines.append("")
+    lines.append(f"Nsight Compute (`ncu --clock-control none`), bf16, batch 4, N 4096, H·d = 2048 (16 heads at "
+                 f"head_dim 128, 32 at 64), not causal, default mode: the first backward call of the benchmark "
+                 f"`stage{stage:02d}_backward_tc/bf16/dD/causal0/backward/seq:4096`. SM, memory and DRAM are "
+                 "throughputs over the time the kernel ran (`sm__throughput`, `gpu__compute_memory_throughput`, "
+                 "`dram__throughput`); warps active (of the 64 an SM can hold) and the tensor pipe "
+                 "(`sm__pipe_tensor_op_hmma_cycles_active`) over the cycles an SM was active. The busiest memory "
+                 "unit is ncu's largest memory throughput, of units this profile does not break down (the L1 with "
+                 "shared memory, the L2, DRAM). From "
+                 + ", ".join(f"`bench/results/h100_ncu_stage{stage:02d}_d{d}.csv` (+ `_tensor.csv`)" for d in head_dims)
+                 + "; the command is in `bench/results/RUNS.md`.")
+    return "\n".join(lines)
+
+
+TRAINING_TEST = ROOT / "tests/python/test_training.py"
+
+
+def training_value(tag, what):
+    """A figure of the bf16 training run (h100_training_TAG.json, written by tests/python/test_training.py
+    through FLASH_TRAINING_OUT), computed as the test computes it: means over windows of `window` steps,
+    the largest relative difference of those means against sdpa_flash, and the tolerance
+    max(BF16_SPREAD_FACTOR x the spread of sdpa_math, BF16_FLOOR) with the constants read from the test."""
+    run = json.loads((RESULTS / f"h100_training_{tag}.json").read_text())
+    losses, w = run["losses"], run["window"]
+
+    def windows(curve):
+        return [sum(curve[i:i + w]) / w for i in range(0, len(curve), w)]
+
+    def worst(a, b):
+        return max(abs(x - y) / abs(y) for x, y in zip(windows(losses[a]), windows(losses[b])))
+
+    test = TRAINING_TEST.read_text()
+    factor = float(re.search(r"^BF16_SPREAD_FACTOR = ([\d.]+)", test, re.M)[1])
+    floor = float(re.search(r"^BF16_FLOOR = ([\d.]+)", test, re.M)[1])
+    spread = worst("sdpa_math", "sdpa_flash")
+    parts = what.split("/")
+    if parts[0] in ("steps", "window", "stage"):
+        return str(run[parts[0]])
+    if parts[0] == "worst":
+        return f"{worst('flash_stages', 'sdpa_flash'):.2e}"
+    if parts[0] == "spread":
+        return f"{spread:.2e}"
+    if parts[0] == "spread-times-factor":
+        return f"{factor * spread:.2e}"
+    if parts[0] == "allowed":
+        return f"{max(factor * spread, floor):.2e}"
+    if parts[0] in ("factor", "floor"):
+        return f"{factor:g}" if parts[0] == "factor" else f"{100 * floor:g}"
+    curve = losses[parts[0]]  # IMPL/first|last
+    return f"{ {'first': curve[0], 'last': curve[-1]}[parts[1]]:.4f}"
+
+
+def rule_case_value(what):
+    """The case that widened the half backward's rule, as bench/results/RUNS.md records it: error (its
+    dK max error), before (the bound without the stored-O term), after (the bound with it)."""
+    text = re.sub(r"\s+", " ", (RESULTS / "RUNS.md").read_text())
+    m = re.search(r"\(dK ([\d.]+e-\d+) against a bound of ([\d.]+e-\d+)\)\..*?that case's bound becomes "
+                  r"([\d.]+e-\d+)", text)
+    if not m:
+        raise KeyError("RUNS.md has no sentence on the rule's case")
+    return {"error": m[1], "before": m[2], "after": m[3]}[what]
+
+
 def tables():
     runs = load_bench()
     out = {"course": course_table(runs), "runner": runner_table(), "compare": compare_table(),
            "backward-split": backward_split_table(), "compare-bf16": compare_half_table("bf16"),
            "compare-fp16": compare_half_table("fp16"),
            "stage10-variants": variants_table(), "ptxas-backward": ptxas_backward_table(),
-           "decode-bench": decode_bench_table(), "decode-compare": decode_compare_table()}
+           "decode-bench": decode_bench_table(), "decode-compare": decode_compare_table(),
+           "stage11-backward-bf16": backward_tc_table("bf16"), "stage11-backward-fp16": backward_tc_table("fp16")}
+    if all((RESULTS / f"h100_ncu_stage11_d{d}{s}.csv").exists() for d in (64, 128) for s in ("", "_tensor")):
+        out["ncu-stage11"] = ncu_stage_table(11)
+    else:
+        MISSING["ncu-stage11"] = "h100_ncu_stage11_d64.csv, _d128.csv and their _tensor.csv (the ncu command of RUNS.md)"
     for d in (64, 128):
         if (RESULTS / f"h100_ncu_tensor_d{d}_raw.csv").exists():
             out[f"ncu-tensor-d{d}"] = ncu_tensor_table(d)
@@ -712,10 +908,14 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       half-geo/TAG/IMPL[/BASE]          geometric mean over d, causal and N >= 1024 of IMPL's speed over
                                         BASE's (default sdpa-flash) in that file, e.g. half-geo/bf16/stage10
       half-min/TAG/IMPL[/BASE]          the lowest cell of the same
-      half-bwd/..., half-bwd-geo/..., half-bwd-min/...   the same three of the backward (stage11,
-                                        stage11-det, sdpa-*), e.g. half-bwd-geo/bf16/stage11
+      half-max/TAG/IMPL[/BASE]          the highest cell of the same
+      half-bwd/..., half-bwd-geo/..., half-bwd-min/..., half-bwd-max/...   the same four of the backward
+                                        (stage11, stage11-det, sdpa-*), e.g. half-bwd-geo/bf16/stage11,
+                                        half-bwd-geo/bf16/stage11-det/stage11 (the deterministic mode's
+                                        speed over the default mode's)
       ncu-tensor/dD/STAGE/WHAT         bank (shared-load conflicts), tensor (pipe %), short/long/barrier
-                                        (stalls per issue) of h100_ncu_tensor_dD_raw.csv
+                                        (stalls per issue), occupancy (% of 64 warps), registers (per
+                                        thread) of h100_ncu_tensor_dD_raw.csv
       ncu-raw/dD/SS/METRIC              that metric of h100_ncu_dD.csv as the profiler counted it (integer)
       ncu-pct/dD/SS/METRIC_A/METRIC_B   100 x METRIC_A over METRIC_B of stage SS, in percent (2 decimals)
       ncu-tflops/dD/SS/ffma|convention  TFLOP/s over the profiled kernel time: 2 x FFMA (the table's row), or
@@ -770,6 +970,21 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         shapes (DECODE_TARGETS); SOURCE: bench (the contiguous cache of
                                         h100_bench_decode.json), paged (its paged cache), compare (stage13 in
                                         compare_h100_decode.json)
+      ncu-stage/SS/dD/KERNEL/WHAT       one kernel's figure in h100_ncu_stageSS_dD.csv (+ _tensor.csv), first
+                                        launch: WHAT is ms, registers, warps, sm, tensor, mem, dram (the
+                                        columns of NCU_STAGE_COLUMNS), share (% of the call's time) or
+                                        warps-per-sm; KERNEL is the name without _kernel (row_dot, dk_dv,
+                                        convert_dq), or all with ms: the three kernels' sum
+      training/TAG/WHAT                 the training run of h100_training_TAG.json (bf16), computed as
+                                        tests/python/test_training.py does: worst (largest relative
+                                        difference of window means, flash_stages vs sdpa_flash), spread
+                                        (sdpa_math vs sdpa_flash), spread-times-factor, allowed (the test's
+                                        tolerance), factor, floor (in %), steps, window, stage, or
+                                        IMPL/first|last: the loss of the first or last step (IMPL:
+                                        flash_stages, sdpa_flash, sdpa_math)
+      rule-case/error|before|after      the stage 11 case that widened the half backward's rule, as
+                                        RUNS.md records it: its dK max error, the bound before and after
+                                        the stored-O term was added
       decode-met/SOURCE                 at how many of the three target shapes SOURCE reaches DECODE_GOAL
                                         of the datasheet: "all three", "two of the three", "one of the three"
                                         or "none of the three"
@@ -823,13 +1038,16 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                   "tensor": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
                   "short": "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
                   "long": "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
-                  "barrier": "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"}[what]
+                  "barrier": "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+                  "occupancy": "sm__warps_active.avg.pct_of_peak_sustained_active",
+                  "registers": "launch__registers_per_thread"}[what]
         for r in csv.reader((RESULTS / f"h100_ncu_tensor_d{d}_raw.csv").open()):
             if len(r) > 4 and r[0] == str(stage) and r[-3] == metric:
                 v = float(r[-1].replace(",", ""))
-                return f"{v:,.0f}" if what == "bank" else f"{v:.1f}" if what == "tensor" else f"{v:.2f}"
+                return (f"{v:,.0f}" if what in ("bank", "registers") else f"{v:.1f}" if what in ("tensor", "occupancy")
+                        else f"{v:.2f}")
         raise KeyError(spec)
-    if kind in ("half", "half-geo", "half-min", "half-bwd", "half-bwd-geo", "half-bwd-min"):
+    if kind in ("half", "half-geo", "half-min", "half-max", "half-bwd", "half-bwd-geo", "half-bwd-min", "half-bwd-max"):
         direction = "backward" if kind.startswith("half-bwd") else "forward"
         kind = kind.replace("-bwd", "")
         rows = {(r["impl"], r["head_dim"], r["causal"], r["seq"]): r
@@ -842,9 +1060,15 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                   for (i, d, c, n), r in rows.items() if i == impl and n >= 1024 and (base, d, c, n) in rows]
         if not ratios:
             raise KeyError(spec)
-        if kind == "half-min":
-            return f"{min(ratios):.2f}"
+        if kind in ("half-min", "half-max"):
+            return f"{(min if kind == 'half-min' else max)(ratios):.2f}"
         return f"{math.exp(sum(math.log(x) for x in ratios) / len(ratios)):.2f}"
+    if kind == "ncu-stage":  # ncu-stage/SS/dD/KERNEL/WHAT
+        return ncu_stage_value(int(parts[1]), int(parts[2][1:]), parts[3], parts[4])
+    if kind == "training":  # training/TAG/WHAT...
+        return training_value(parts[1], "/".join(parts[2:]))
+    if kind == "rule-case":
+        return rule_case_value(parts[1])
     if kind == "anchor":
         anchors = anchors if anchors is not None else load_anchors()
         return anchors["/".join(parts[1:])]
