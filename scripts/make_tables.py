@@ -26,6 +26,15 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   stage06-order  from the same file: stage 06's causal/non-causal ratio, its heaviest-first order
               against the natural order
               (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time
+  stage12-compare  stage 12 in bench/compare.py's bf16 and fp16 runs: TFLOP/s and its speed over stage 10,
+              FlashAttention-2 and cuDNN per cell, with the geometric means
+  stage12-variants-dNN  stage 12 one piece at a time at head_dim NN (bench/stage12_variants.cu's output,
+              bench/results/h100_stage12_variants_*.txt), bf16 and fp16, causal and not; "not run" where
+              no committed run holds the whole block
+  stage12-steps   from the same files: what each piece buys at N = 16384, and how far apart the two rows
+              that time the registered kernel are
+  ncu-stage12     Nsight Compute of stage 12's kernel at head_dim 64 and 128
+              (bench/results/h100_ncu_stage12_dNN.csv and _tensor.csv)
   decode-bench    stage 13's decode family of the benchmark (bench/results/h100_bench_decode.json):
               GB/s over the K and V bytes, contiguous and paged, and their share of the HBM datasheet
   decode-compare  stage 13 against SDPA's flash backend (bench/compare.py --decode's table,
@@ -355,6 +364,305 @@ def variants_table():
                  "`bench/results/h100_stage10_variants.txt` (`build/bin/stage10-variants`, run by "
                  "`scripts/gpu_check_half.sh`).")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 12 (Hopper): its variants one piece at a time (bench/stage12_variants.cu), its profile
+# (Nsight Compute of hopper_kernel), its sanitizer log and the full ctest log
+# ---------------------------------------------------------------------------------------------
+
+# The stage12-variants runs of the H100 (bench/results/RUNS.md, 2026-11-23, second session), first
+# the run a 150-second limit cut short, then the two complete runs at head_dim 128. A block (dtype,
+# head_dim, causal, N) is read from the last file here that holds all of its rows.
+VARIANTS12_FILES = ("h100_stage12_variants_cut.txt", "h100_stage12_variants_bf16_d128.txt",
+                    "h100_stage12_variants_fp16_d128.txt")
+VARIANTS12_LINE = re.compile(r"(bf16|fp16) d(\d+)\s+causal=(\d) N=(\d+)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) TFLOP/s")
+# The rows of one block, in the order the program times them; the ladder runs from A to B.
+VARIANTS12_ROWS = ("stage 10 as built", "stage 12 as built", "A: 1 consumer warpgroup, in order",
+                   "+ 2 consumer warpgroups", "+ setmaxnreg (producer warpgroup)", "+ ping-pong",
+                   "+ intra-warpgroup overlap")
+VARIANTS12_LADDER = VARIANTS12_ROWS[2:]
+VARIANTS12_SEQS = (1024, 4096, 16384)
+
+
+def variant_slug(name):
+    """A variant's name in lower case without spaces or punctuation, as value() takes it."""
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def load_variants12_file(name):
+    """{(dtype, head_dim, causal, N, slug): {"ms", "tflops", "name"}} of one stage12-variants output.
+    A line the time limit cut in the middle does not match and is left out."""
+    rows = {}
+    for m in map(VARIANTS12_LINE.match, (RESULTS / name).read_text().splitlines()):
+        if m:
+            rows[(m[1], int(m[2]), m[3] == "1", int(m[4]), variant_slug(m[5]))] = {
+                "ms": float(m[6]), "tflops": float(m[7]), "name": m[5].strip()}
+    return rows
+
+
+def load_variants12():
+    """The rows of every complete block: {(dtype, head_dim, causal, N): (file, {slug: row})}."""
+    blocks = {}
+    for name in VARIANTS12_FILES:
+        rows = load_variants12_file(name)
+        for key in {k[:4] for k in rows}:
+            block = {k[4]: r for k, r in rows.items() if k[:4] == key}
+            if all(variant_slug(v) in block for v in VARIANTS12_ROWS):
+                blocks[key] = (name, block)
+    return blocks
+
+
+def variants12_block(blocks, tag, d, causal, n):
+    key = (tag, d, causal, n)
+    if key not in blocks:
+        raise KeyError(f"no complete block {tag} d{d} causal={int(causal)} N={n} in {', '.join(VARIANTS12_FILES)}")
+    return blocks[key][1]
+
+
+def variant12_step(block, slug):
+    """The time of the rung before `slug` on the ladder A .. B over the time of `slug`."""
+    ladder = [variant_slug(v) for v in VARIANTS12_LADDER]
+    i = ladder.index(slug)
+    if i == 0:
+        raise KeyError(f"{slug} is the first rung")
+    return block[ladder[i - 1]]["ms"] / block[slug]["ms"]
+
+
+def registered_is_last_rung():
+    """Whether stage 12's registered configuration is the ladder's last rung (hopper.h), i.e. whether
+    the rows "stage 12 as built" and "+ intra-warpgroup overlap" time the same kernel."""
+    header = (ROOT / "stages/12_hopper/hopper.h").read_text()
+    return re.search(r"kRegisteredVariant\s*=\s*Variant::kIntraOverlap\b", header) is not None
+
+
+def variant12_same(block):
+    """How far apart the two rows of the registered kernel are, in percent of the smaller time."""
+    if not registered_is_last_rung():
+        raise KeyError("stage 12's registered variant is no longer the ladder's last rung (hopper.h)")
+    a, b = block[variant_slug(VARIANTS12_ROWS[1])]["ms"], block[variant_slug(VARIANTS12_ROWS[-1])]["ms"]
+    return 100 * abs(a - b) / min(a, b)
+
+
+def variant12_rerun():
+    """Every row measured in two runs (the cut run and a complete one): {(key, slug): percent apart}."""
+    first = load_variants12_file(VARIANTS12_FILES[0])
+    out = {}
+    for name in VARIANTS12_FILES[1:]:
+        for key, r in load_variants12_file(name).items():
+            if key in first:
+                a, b = first[key]["ms"], r["ms"]
+                out[key] = 100 * abs(a - b) / min(a, b)
+    return out
+
+
+def stage12_variants_table(head_dim):
+    """Stage 12 one piece at a time at one head_dim: TFLOP/s of every row, bf16 and fp16, causal and not."""
+    blocks = load_variants12()
+    lines = ["| dtype | variant | " + " | ".join(f"N={n}" for n in VARIANTS12_SEQS) + " | "
+             + " | ".join(f"causal N={n}" for n in VARIANTS12_SEQS) + " |",
+             "|---|---|" + "---|" * 2 * len(VARIANTS12_SEQS)]
+    sources = set()
+    for tag in ("bf16", "fp16"):
+        for name in VARIANTS12_ROWS:
+            cells = []
+            for causal in (False, True):
+                for n in VARIANTS12_SEQS:
+                    found = blocks.get((tag, head_dim, causal, n))
+                    if found:
+                        sources.add(found[0])
+                        cells.append(f"{found[1][variant_slug(name)]['tflops']:.1f}")
+                    else:
+                        cells.append("not run")
+            label = name.replace("setmaxnreg", "`setmaxnreg`")
+            lines.append(f"| {tag} | {label} | " + " | ".join(cells) + " |")
+    files = " and ".join(f"`bench/results/{s}`" for s in sorted(sources)) or "no file"
+    lines.append("")
+    lines.append(f"Forward TFLOP/s at head_dim {head_dim} on the FlashAttention grid (B·N = 16384, H·d = 2048), "
+                 "each row one `stage12::Variant` timed after the row above it in the same process (median of "
+                 "20 CUDA-event timings after 3 warm-up calls, `bench/stage12_variants.cu`). \"stage 12 as built\" "
+                 "is the registered configuration, the same kernel as \"+ intra-warpgroup overlap\". \"not run\": "
+                 f"no complete block in the committed runs. From {files} (commands: `bench/results/RUNS.md`).")
+    return "\n".join(lines)
+
+
+def stage12_steps_table(n=16384):
+    """What each piece buys at N = n: the time of the rung before over the rung's own, every dtype,
+    head_dim and causal; then A to B, and the two rows of the registered kernel."""
+    blocks = load_variants12()
+    columns = [(tag, d, causal) for tag in ("bf16", "fp16") for d in (64, 128) for causal in (False, True)]
+    head = [f"{tag} d={d}{' causal' if causal else ''}" for tag, d, causal in columns]
+    lines = ["| piece switched on | " + " | ".join(head) + " |", "|---|" + "---|" * len(columns)]
+
+    def row(label, fn):
+        cells = []
+        for tag, d, causal in columns:
+            found = blocks.get((tag, d, causal, n))
+            cells.append(fn(found[1]) if found else "not run")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    for name in VARIANTS12_LADDER[1:]:
+        row(name.replace("setmaxnreg", "`setmaxnreg`"), lambda b, s=variant_slug(name): f"{variant12_step(b, s):.2f}")
+    ladder = [variant_slug(v) for v in VARIANTS12_LADDER]
+    row("A to B, all four", lambda b: f"{b[ladder[0]]['ms'] / b[ladder[-1]]['ms']:.2f}")
+    row("the registered kernel timed twice: rows apart", lambda b: f"{variant12_same(b):.1f}%")
+    lines.append("")
+    lines.append(f"N = {n}; each step is the time of the row above over the row's own (above 1: the piece "
+                 "helps). The last row compares the two rows that time the same kernel (\"stage 12 as built\" "
+                 "and \"+ intra-warpgroup overlap\") in the same block: steps smaller than it are not resolved "
+                 "by this program. From the runs of the tables above.")
+    return "\n".join(lines)
+
+
+def stage12_compare_table():
+    """Stage 12's forward in bench/compare.py's runs: TFLOP/s, and its speed over stage 10,
+    FlashAttention-2 (sdpa-flash) and cuDNN (sdpa-cudnn) in the same run, bf16 and fp16."""
+    tags, bases = ("bf16", "fp16"), ("stage10", "sdpa-flash", "sdpa-cudnn")
+    rows = {}
+    for tag in tags:
+        for r in json.loads((RESULTS / f"compare_h100_{tag}.json").read_text())["results"]:
+            if r["status"] == "ok" and r["direction"] == "forward":
+                rows[(tag, r["impl"], r["head_dim"], r["causal"], r["seq"])] = r
+    keys = sorted({k[2:] for k in rows if k[1] == "stage12"})
+    head = " | ".join(f"{tag}: TFLOP/s | × stage 10 | × FA2 | × cuDNN" for tag in tags)
+    lines = [f"| d | causal | N | {head} |", "|---|---|---|" + "---|" * 4 * len(tags)]
+    for d, c, n in keys:
+        cells = []
+        for tag in tags:
+            r = rows[(tag, "stage12", d, c, n)]
+            cells.append(f"{r['tflops']:.1f}")
+            for base in bases:
+                b = rows.get((tag, base, d, c, n))
+                cells.append(f"{b['median_ms'] / r['median_ms']:.2f}x" if b else "–")
+        lines.append(f"| {d} | {'yes' if c else 'no'} | {n} | " + " | ".join(cells) + " |")
+    geo = []
+    for tag in tags:
+        geo.append("")
+        for base in bases:
+            mean, low = (value(f"{kind}/{tag}/stage12/{base}", runs={}) for kind in ("half-geo", "half-min"))
+            geo.append(f"{mean}x (min {low}x)")
+    lines.append("| geometric mean | | N >= 1024 | " + " | ".join(geo) + " |")
+    lines.append("")
+    lines.append("Forward, B·N = 16384 tokens, H·d = 2048; × X: X's median time over stage 12's in the same run "
+                 "(above 1: stage 12 is faster); FA2 = `sdpa-flash` (FlashAttention-2), cuDNN = `sdpa-cudnn`, "
+                 "PyTorch's SDPA backends. The geometric mean and its lowest cell are over N >= 1024, as "
+                 "`bench/compare.py` computes them. From `bench/results/compare_h100_bf16.json` and "
+                 "`compare_h100_fp16.json`.")
+    return "\n".join(lines)
+
+
+NCU12_METRICS = {  # alias -> (metric, row label, divisor, decimals)
+    "time-ms": ("gpu__time_duration.sum", "kernel time (ms)", 1e6, 3),
+    "tensor-pct": ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+                   "tensor pipe active, `sm__pipe_tensor_op_hmma_cycles_active` (% of peak)", 1, 1),
+    "gmma-pct": ("sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+                 "`sm__pipe_tensor_op_gmma_cycles_active` (% of peak)", 1, 1),
+    "gmma-inst": ("sm__inst_executed_pipe_tensor_op_gmma.sum", "wgmma instructions executed, warp-level", 1, 0),
+    "sm-pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SM throughput (% of peak)", 1, 1),
+    "mem-pct": ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+                "compute memory throughput (% of peak)", 1, 1),
+    "dram-pct": ("dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM throughput (% of peak)", 1, 1),
+    "warps-pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", "warps active (% of 64 per SM)", 1, 1),
+    "registers": ("launch__registers_per_thread", "registers per thread at launch", 1, 0),
+}
+# The FlashAttention grid the profiled benchmark runs (bench/bench_stages.cpp's half families).
+FA_TOKENS, FA_HEADS_TIMES_DIM = 16384, 2048
+
+
+def load_ncu12(head_dim):
+    """Stage 12's Nsight Compute files at head_dim D (h100_ncu_stage12_dD.csv and its _tensor.csv:
+    Google Benchmark's lines, then ncu's CSV). Returns {"metrics": {metric: [value per launch, None
+    where ncu wrote n/a]}, "kernel", "grid", "seq"}."""
+    out = {"metrics": {}, "kernel": None, "grid": None, "seq": None}
+    for suffix in ("", "_tensor"):
+        text = (RESULTS / f"h100_ncu_stage12_d{head_dim}{suffix}.csv").read_text()
+        bench = re.search(r"stage12_hopper/bf16/d(\d+)/causal0/seq:(\d+)", text)
+        if not bench or int(bench[1]) != head_dim:
+            raise KeyError(f"h100_ncu_stage12_d{head_dim}{suffix}.csv is not the head_dim {head_dim} benchmark")
+        out["seq"] = int(bench[2])
+        for row in csv.reader(text.splitlines()):
+            if len(row) != 15 or row[0] == "ID":
+                continue
+            out["kernel"], out["grid"] = row[4], int(re.match(r"\((\d+),", row[8])[1])
+            value = row[14].replace(",", "")
+            out["metrics"].setdefault(row[12], []).append(None if value == "n/a" else float(value))
+    return out
+
+
+def ncu12_value(head_dim, what):
+    """One figure of stage 12's profile, as text: an alias of NCU12_METRICS (the mean over the launches
+    profiled; "n/a" where ncu gave no value), tflops (the FlashAttention convention's FLOPs of the
+    profiled problem over the mean kernel time), wgmma-count (the wgmma instructions, warp-level, that
+    the kernel issues by its construction: blocks x key tiles x 2 consumers x (head_dim/16 + 128/16)
+    x 4 warps, to set beside gmma-inst) or launches."""
+    p = load_ncu12(head_dim)
+    n = p["seq"]
+    if what == "launches":
+        return str(len(p["metrics"]["gpu__time_duration.sum"]))
+    if what == "wgmma-count":
+        tiles = -(-n // 128)
+        return f"{p['grid'] * tiles * 2 * (head_dim // 16 + 128 // 16) * 4:,}"
+    if what == "tflops":
+        times = p["metrics"]["gpu__time_duration.sum"]
+        heads = FA_HEADS_TIMES_DIM // head_dim
+        if p["grid"] != FA_TOKENS // n * heads * -(-n // 128):
+            raise KeyError(f"the profiled grid ({p['grid']} blocks) is not the FlashAttention grid at N={n}")
+        flops = 4 * FA_TOKENS * n * FA_HEADS_TIMES_DIM
+        return f"{flops / (sum(times) / len(times) * 1e-9) / 1e12:.1f}"
+    metric, _, divisor, decimals = NCU12_METRICS[what]
+    values = p["metrics"][metric]
+    if any(v is None for v in values):
+        if all(v is None for v in values):
+            return "n/a"
+        raise KeyError(f"{metric} is n/a in some launches only")
+    return f"{sum(values) / len(values) / divisor:,.{decimals}f}"
+
+
+def ncu_stage12_table():
+    """Stage 12's profile at both head_dims, one row per figure."""
+    dims = (64, 128)
+    p = load_ncu12(128)
+    kernel = re.sub(r"<__nv_bfloat16, 128,", "<__nv_bfloat16, D,", p["kernel"].split("(")[0].replace("void ", ""))
+    lines = ["| metric | " + " | ".join(f"d={d}" for d in dims) + " |", "|---|" + "---|" * len(dims)]
+    rows = [("time-ms", None), ("tflops", "TFLOP/s over the kernel time (FlashAttention convention)"),
+            ("tensor-pct", None), ("gmma-pct", None), ("gmma-inst", None),
+            ("wgmma-count", "wgmma instructions the kernel issues by construction, warp-level"),
+            ("sm-pct", None), ("mem-pct", None), ("dram-pct", None), ("warps-pct", None), ("registers", None)]
+    for what, label in rows:
+        label = label or NCU12_METRICS[what][1]
+        lines.append(f"| {label} | " + " | ".join(ncu12_value(d, what) for d in dims) + " |")
+    lines.append("")
+    lines.append(f"Nsight Compute (`--clock-control none`) of `{kernel}`, bf16, not causal, N = {p['seq']}, "
+                 f"B·N = {FA_TOKENS}, H·d = {FA_HEADS_TIMES_DIM}; the mean of the {ncu12_value(128, 'launches')} "
+                 "launches profiled. \"n/a\": the value ncu wrote for that metric on this GPU. From "
+                 "`bench/results/h100_ncu_stage12_d64.csv`, `h100_ncu_stage12_d128.csv` and their `_tensor.csv` "
+                 "(commands: `bench/results/RUNS.md`).")
+    return "\n".join(lines)
+
+
+def sanitizer_clean(stem, subject):
+    """"N of M": how many lines of bench/results/STEM.txt that name `subject` report a clean run (exit
+    status 0 and no error or hazard in the tool's summary)."""
+    lines = [line for line in (RESULTS / f"{stem}.txt").read_text().splitlines() if subject in line]
+    if not lines:
+        raise KeyError(f"no line of {stem}.txt names {subject}")
+    summaries = ("ERROR SUMMARY: 0 errors", "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)")
+    clean = [line for line in lines if "rc=0" in line and any(summary in line for summary in summaries)]
+    return f"{len(clean)} of {len(lines)}"
+
+
+def ctest_value(what):
+    """A figure of the full suite's log (h100_ctest.log): passed, total, skipped, or one test's status
+    (Passed, Failed, Skipped, ...) by its ctest name."""
+    text = (RESULTS / "h100_ctest.log").read_text()
+    results = dict(re.findall(r"Test\s+#\d+: (\S+) \.+\**\s*(Passed|Failed|Skipped|Not Run|Timeout)", text))
+    if what == "total":
+        return re.search(r"tests passed(?:, \d+ tests failed)? out of (\d+)", text)[1]
+    if what == "passed":
+        return str(sum(1 for s in results.values() if s == "Passed"))
+    if what == "skipped":
+        return str(sum(1 for s in results.values() if s in ("Skipped", "Not Run")))
+    return results[what]
 
 
 def backward_split_table():
@@ -823,6 +1131,17 @@ def tables():
         out["ncu-stage11"] = ncu_stage_table(11)
     else:
         MISSING["ncu-stage11"] = "h100_ncu_stage11_d64.csv, _d128.csv and their _tensor.csv (the ncu command of RUNS.md)"
+    # Stage 12's tables (its H100 runs, bench/results/RUNS.md): a checkout without one of their files
+    # gets the table's name in MISSING, which --check reports with the file, as for the ablation.
+    stage12 = {"stage12-variants-d64": lambda: stage12_variants_table(64),
+               "stage12-variants-d128": lambda: stage12_variants_table(128),
+               "stage12-steps": stage12_steps_table, "ncu-stage12": ncu_stage12_table,
+               "stage12-compare": stage12_compare_table}
+    for name, make in stage12.items():
+        try:
+            out[name] = make()
+        except FileNotFoundError as e:
+            MISSING[name] = f"{pathlib.Path(e.filename).name} (scripts/gpu_check_hopper.sh, bench/results/RUNS.md)"
     for d in (64, 128):
         if (RESULTS / f"h100_ncu_tensor_d{d}_raw.csv").exists():
             out[f"ncu-tensor-d{d}"] = ncu_tensor_table(d)
@@ -913,6 +1232,11 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         (stage11, stage11-det, sdpa-*), e.g. half-bwd-geo/bf16/stage11,
                                         half-bwd-geo/bf16/stage11-det/stage11 (the deterministic mode's
                                         speed over the default mode's)
+        (in half-geo, half-min and the kinds below, TAG may be "both": the cells of bf16 and fp16
+        together; and a fifth part dD keeps the cells of one head_dim, e.g. half-geo/both/stage12/sdpa-cudnn/d64)
+      half-min-at/TAG/IMPL[/BASE], half-max-at/...   where the lowest (highest) cell is, in words
+                                        ("head_dim 64, causal, N = 1024"; the dtype first when TAG is both)
+      half-below/TAG/IMPL[/BASE]        how many cells are below BASE as printed: "K of M"
       ncu-tensor/dD/STAGE/WHAT         bank (shared-load conflicts), tensor (pipe %), short/long/barrier
                                         (stalls per issue), occupancy (% of 64 warps), registers (per
                                         thread) of h100_ncu_tensor_dD_raw.csv
@@ -958,6 +1282,27 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       variant/dD/cC/N/SLUG/tflops|ms    a row of h100_stage10_variants.txt; SLUG is the variant's name in
                                         lower case without spaces or punctuation, e.g. stage10asbuilt,
                                         4wx32rx64kqsmem1blksmlazy
+      variant12/TAG/dD/cC/N/SLUG/tflops|ms   a row of stage 12's variants (TAG: bf16, fp16) from the committed
+                                        run that holds the whole block (VARIANTS12_FILES); SLUG as for variant,
+                                        e.g. stage12asbuilt, a1consumerwarpgroupinorder, 2consumerwarpgroups,
+                                        setmaxnregproducerwarpgroup, pingpong, intrawarpgroupoverlap
+      variant12-first/TAG/dD/cC/N/SLUG/tflops|ms   the same row in the first run (the one the time limit cut)
+      variant12-step/TAG/dD/cC/N/SLUG   what the rung SLUG buys: the time of the rung before it (ladder A .. B)
+                                        over its own
+      variant12-total/TAG/dD/cC/N       version A's time over version B's
+      variant12-same/TAG/dD/cC/N        how far apart, in % of the smaller time, the two rows that time the
+                                        registered kernel are ("stage 12 as built", "+ intra-warpgroup overlap";
+                                        refused if hopper.h registers another variant)
+      variant12-same-max/all|dD         the largest of those over every complete block
+      variant12-rerun-max/all|dD        the largest difference, in %, of a row measured in two runs
+      ncu12/dD/WHAT                     stage 12's profile (h100_ncu_stage12_dD.csv, _tensor.csv), the mean over
+                                        the launches: time-ms, tensor-pct, gmma-pct, gmma-inst, sm-pct, mem-pct,
+                                        dram-pct, warps-pct, registers (NCU12_METRICS); tflops (FlashAttention
+                                        FLOPs over the kernel time); wgmma-count (what the loops issue, to set
+                                        beside gmma-inst); launches
+      sanitizer/STEM/SUBJECT            "N of M": the lines of bench/results/STEM.txt naming SUBJECT that report
+                                        a clean run, e.g. sanitizer/h100_sanitizer_stage11_12/stage12
+      ctest/passed|total|skipped|TEST   the full suite's log, h100_ctest.log (TEST: a ctest name, its status)
       decode/PAGE/B/N/gbs|pct|us        stage 13's decode family in h100_bench_decode.json (PAGE 0: the
                                         contiguous cache, else the page size; pct: % of the HBM datasheet)
       decode-compare/B/N/IMPL/gbs|pct|us  a cell of compare_h100_decode.json (IMPL: stage13, stage13-paged,
@@ -1047,21 +1392,34 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                 return (f"{v:,.0f}" if what in ("bank", "registers") else f"{v:.1f}" if what in ("tensor", "occupancy")
                         else f"{v:.2f}")
         raise KeyError(spec)
-    if kind in ("half", "half-geo", "half-min", "half-max", "half-bwd", "half-bwd-geo", "half-bwd-min", "half-bwd-max"):
+    if kind in ("half", "half-geo", "half-min", "half-max", "half-bwd", "half-bwd-geo", "half-bwd-min",
+                "half-bwd-max", "half-min-at", "half-max-at", "half-below"):
         direction = "backward" if kind.startswith("half-bwd") else "forward"
         kind = kind.replace("-bwd", "")
-        rows = {(r["impl"], r["head_dim"], r["causal"], r["seq"]): r
-                for r in json.loads((RESULTS / f"compare_h100_{parts[1]}.json").read_text())["results"]
+        tags = ("bf16", "fp16") if parts[1] == "both" else (parts[1],)
+        rows = {(tag, r["impl"], r["head_dim"], r["causal"], r["seq"]): r for tag in tags
+                for r in json.loads((RESULTS / f"compare_h100_{tag}.json").read_text())["results"]
                 if r["status"] == "ok" and r["direction"] == direction}
         if kind == "half":
-            return f"{rows[(parts[2], int(parts[3][1:]), parts[4] == 'c1', int(parts[5]))]['tflops']:.1f}"
+            return f"{rows[(parts[1], parts[2], int(parts[3][1:]), parts[4] == 'c1', int(parts[5]))]['tflops']:.1f}"
         impl, base = parts[2], parts[3] if len(parts) > 3 else "sdpa-flash"
-        ratios = [rows[(base, d, c, n)]["median_ms"] / r["median_ms"]
-                  for (i, d, c, n), r in rows.items() if i == impl and n >= 1024 and (base, d, c, n) in rows]
+        only_d = int(parts[4][1:]) if len(parts) > 4 else None  # .../dD: the cells of one head_dim
+        cells = {(t, d, c, n): rows[(t, base, d, c, n)]["median_ms"] / r["median_ms"]
+                 for (t, i, d, c, n), r in rows.items()
+                 if i == impl and n >= 1024 and (t, base, d, c, n) in rows and only_d in (None, d)}
+        ratios = list(cells.values())
         if not ratios:
             raise KeyError(spec)
-        if kind in ("half-min", "half-max"):
-            return f"{(min if kind == 'half-min' else max)(ratios):.2f}"
+        if kind == "half-min":
+            return f"{min(ratios):.2f}"
+        if kind == "half-max":
+            return f"{max(ratios):.2f}"
+        if kind in ("half-min-at", "half-max-at"):  # where the lowest (highest) cell is, in words
+            t, d, c, n = (min if kind == "half-min-at" else max)(cells, key=cells.get)
+            return (f"{t + ', ' if len(tags) > 1 else ''}head_dim {d}, {'causal' if c else 'not causal'}, "
+                    f"N = {n}")
+        if kind == "half-below":  # how many cells are below BASE, as printed (2 decimals): "K of M"
+            return f"{sum(round(x, 2) < 1 for x in ratios)} of {len(ratios)}"
         return f"{math.exp(sum(math.log(x) for x in ratios) / len(ratios)):.2f}"
     if kind == "ncu-stage":  # ncu-stage/SS/dD/KERNEL/WHAT
         return ncu_stage_value(int(parts[1]), int(parts[2][1:]), parts[3], parts[4])
@@ -1193,6 +1551,36 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         d, causal, n, slug, what = int(parts[1][1:]), parts[2] == "c1", int(parts[3]), parts[4], parts[5]
         row = load_variants()[(d, causal, n, slug)]
         return f"{row['tflops']:.1f}" if what == "tflops" else f"{row['ms']:.3f}"
+    if kind in ("variant12", "variant12-first", "variant12-step", "variant12-total", "variant12-same"):
+        tag, d, causal, n = parts[1], int(parts[2][1:]), parts[3] == "c1", int(parts[4])
+        if kind == "variant12-first":  # a row of the first run (the one the time limit cut)
+            row = load_variants12_file(VARIANTS12_FILES[0])[(tag, d, causal, n, parts[5])]
+            return f"{row['tflops']:.1f}" if parts[6] == "tflops" else f"{row['ms']:.3f}"
+        block = variants12_block(load_variants12(), tag, d, causal, n)
+        if kind == "variant12":
+            row = block[parts[5]]
+            return f"{row['tflops']:.1f}" if parts[6] == "tflops" else f"{row['ms']:.3f}"
+        if kind == "variant12-step":
+            return f"{variant12_step(block, parts[5]):.2f}"
+        if kind == "variant12-total":
+            ladder = [variant_slug(v) for v in VARIANTS12_LADDER]
+            return f"{block[ladder[0]]['ms'] / block[ladder[-1]]['ms']:.2f}"
+        return f"{variant12_same(block):.1f}"
+    if kind in ("variant12-same-max", "variant12-rerun-max"):  # .../all or .../dD
+        if kind == "variant12-rerun-max":
+            spread = [x for key, x in variant12_rerun().items() if parts[1] == "all" or key[1] == int(parts[1][1:])]
+        else:
+            spread = [variant12_same(b) for key, (_, b) in load_variants12().items()
+                      if parts[1] == "all" or key[1] == int(parts[1][1:])]
+        if not spread:
+            raise KeyError(spec)
+        return f"{max(spread):.1f}"
+    if kind == "ncu12":  # ncu12/dD/WHAT
+        return ncu12_value(int(parts[1][1:]), parts[2])
+    if kind == "sanitizer":  # sanitizer/STEM/SUBJECT
+        return sanitizer_clean(parts[1], parts[2])
+    if kind == "ctest":  # ctest/passed|total|skipped|TESTNAME
+        return ctest_value(parts[1])
     if kind in ("decode-compare", "decode-versus"):
         batch, seq_kv = int(parts[1]), int(parts[2])
         if kind == "decode-versus" or parts[3] == "ratio":
