@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The profiler figures of lessons 08-10: Nsight Compute on one launch of each tensor-core kernel,
-# bf16, non-causal, batch 4, heads 16, seq 4096 (the runner's problem at that size).
+# The profiler figures of lessons 08-12: Nsight Compute on one launch of each tensor-core kernel,
+# bf16, non-causal, batch 4, heads 16, seq 4096 (the runner's problem at that size). Stage 11 is a
+# backward: its main kernel (dk_dv_kernel) is profiled in the benchmark's backward of the same problem
+# at head_dim 128 (at head_dim 64 the benchmark's grid has 32 heads: the same B·N and H·d).
 # Usage (GPU machine, after a build in build-gpu): scripts/profile_tensor_stages.sh [head_dim]
 # Writes $OUT/ncu_tensor_d<head_dim>.csv (one row per metric, one column per stage) and the raw CSV.
 set -uo pipefail
@@ -26,11 +28,17 @@ smsp__average_warps_issue_stalled_selected_per_issue_active.ratio
 
 raw="$out/ncu_tensor_d${head_dim}_raw.csv"
 : > "$raw"
-for stage in 8 9 10; do
-  ncu --clock-control none --kernel-name-base demangled -k "regex:stage$(printf %02d $stage)::" -c 1 \
-    --metrics "$metrics" --csv \
-    "$build/bin/flash-stages" --stage $stage --dtype bf16 --batch 4 --heads 16 --seq 4096 --head-dim "$head_dim" \
-    --runs 1 > "$out/ncu_last.txt" 2>&1 || { echo "ncu failed on stage $stage:"; tail -5 "$out/ncu_last.txt"; }
+for stage in 8 9 10 11 12; do
+  if [ $stage = 11 ]; then
+    target=(-k "regex:dk_dv_kernel" -c 1 "$build/bin/flash-stages-bench"
+            --benchmark_filter="^stage11_backward_tc/bf16/d${head_dim}/causal0/backward/seq:4096/")
+  else
+    target=(--kernel-name-base demangled -k "regex:stage$(printf %02d $stage)::" -c 1
+            "$build/bin/flash-stages" --stage $stage --dtype bf16 --batch 4 --heads 16 --seq 4096
+            --head-dim "$head_dim" --runs 1)
+  fi
+  ncu --clock-control none --metrics "$metrics" --csv "${target[@]}" > "$out/ncu_last.txt" 2>&1 ||
+    { echo "ncu failed on stage $stage:"; tail -5 "$out/ncu_last.txt"; }
   grep '^"' "$out/ncu_last.txt" | sed "s/^/\"$stage\",/" >> "$raw"
 done
 rm -f "$out/ncu_last.txt"
