@@ -15,6 +15,7 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   compare     the stages against PyTorch's attention backends (bench/compare.py's table)
   backward-split  the time of each of stage 07's backward kernels (Nsight Compute)
   ptxas-backward  registers and spills of stage 07's kernels (ptxas, bench/results/ptxas_sm90.txt)
+  ptxas-stage11   registers and spills of stage 11's kernels per head_dim (the same file)
   ncu-dNN     Nsight Compute metrics of the fused kernels (stages 03-06) at head_dim NN, one row per
               metric, one column per stage, from bench/results/h100_ncu_dNN.csv
               (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time, and
@@ -706,6 +707,46 @@ def ptxas_backward_table():
     return "\n".join(lines)
 
 
+def ptxas_stage11_entries():
+    """Stage 11's kernels in ptxas_sm90.txt: (kernel, dtype, head_dim, causal, atomic) -> (registers,
+    stack, spill stores, spill loads), from the mangled names (stage11::dk_dv_kernel<Element, kHeadDim,
+    kCausal, kAtomicDq, Config>, stage11::dq_kernel<Element, kHeadDim, kCausal, Config>)."""
+    text = (RESULTS / "ptxas_sm90.txt").read_text()
+    entry = re.compile(r"Function properties for _ZN7stage11\d+((?:dk_dv|dq)_kernel)I(6__half|13__nv_bfloat16)"
+                       r"Li(\d+)ELb([01])E(?:Lb([01])E)?\w*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
+                       r"(\d+) bytes spill loads\nptxas info\s*: Used (\d+) registers")
+    out = {}
+    for m in entry.finditer(text):
+        dtype = "fp16" if m[2] == "6__half" else "bf16"
+        atomic = m[1] == "dk_dv_kernel" and m[5] == "1"
+        out[(m[1], dtype, int(m[3]), m[4] == "1", atomic)] = tuple(int(m[i]) for i in (9, 6, 7, 8))
+    if not out:
+        raise KeyError("stage 11 in ptxas_sm90.txt")
+    return out
+
+
+def ptxas_stage11_table():
+    """Registers and spills of stage 11's dk_dv_kernel (both modes) and dq_kernel per head_dim, the
+    largest over dtype and causal (ptxas_sm90.txt)."""
+    entries = ptxas_stage11_entries()
+    def cell(kernel, d, atomic):
+        found = [v for (k, _, hd, _, a), v in entries.items() if (k, hd, a) == (kernel, d, atomic)]
+        regs = max(v[0] for v in found)
+        spill = max(found, key=lambda v: v[2])
+        return f"{regs}" + (f" ({spill[2]} bytes spilled)" if spill[2] else "")
+    lines = ["| kernel | head_dim 32 | head_dim 64 | head_dim 128 |", "|---|---|---|---|"]
+    for kernel, atomic, label in (("dk_dv_kernel", True, "`dk_dv_kernel`, default"),
+                                  ("dk_dv_kernel", False, "`dk_dv_kernel`, deterministic"),
+                                  ("dq_kernel", False, "`dq_kernel` (deterministic)")):
+        lines.append(f"| {label} | " + " | ".join(cell(kernel, d, atomic) for d in (32, 64, 128)) + " |")
+    version = (RESULTS / "ptxas_sm90.txt").read_text().splitlines()[0]
+    lines.append("")
+    lines.append(f"Registers per thread (sm_90), the largest over bf16/fp16 and causal on/off, with the spill "
+                 f"stores where ptxas reports any. `nvcc -O3 -std=c++17 -arch=sm_90 -Xptxas -v` ({version.strip()}). "
+                 f"From `bench/results/ptxas_sm90.txt`, written by `scripts/ptxas_report.sh`.")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------------------------
 # Stage 04 -> 05 one change at a time, stage 06's block order (bench/stage05_ablation.cu)
 # ---------------------------------------------------------------------------------------------
@@ -1125,6 +1166,7 @@ def tables():
            "backward-split": backward_split_table(), "compare-bf16": compare_half_table("bf16"),
            "compare-fp16": compare_half_table("fp16"),
            "stage10-variants": variants_table(), "ptxas-backward": ptxas_backward_table(),
+           "ptxas-stage11": ptxas_stage11_table(),
            "decode-bench": decode_bench_table(), "decode-compare": decode_compare_table(),
            "stage11-backward-bf16": backward_tc_table("bf16"), "stage11-backward-fp16": backward_tc_table("fp16")}
     if all((RESULTS / f"h100_ncu_stage11_d{d}{s}.csv").exists() for d in (64, 128) for s in ("", "_tensor")):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Registers, stack frames and spills of the fp32 stages' kernels, as ptxas reports them
-# (`nvcc -Xptxas -v`): the compile-time figures of the lessons of stages 03 and 07. No GPU needed.
+# Registers, stack frames and spills of the stages' kernels, as ptxas reports them (`nvcc -Xptxas -v`):
+# the compile-time figures of the lessons of stages 03, 07 and 11. No GPU needed.
 # Writes bench/results/ptxas_sm90.txt (the nvcc version, then ptxas's lines without compile times);
 # scripts/make_tables.py reads it (value:ptxas/..., table:ptxas-backward).
 # Usage: scripts/ptxas_report.sh
@@ -11,7 +11,7 @@ obj=$(mktemp -d)
 trap 'rm -rf "$obj"' EXIT
 {
   nvcc --version | grep -i "release"
-  for src in stages/0[3-7]_*/*.cu; do
+  for src in stages/0[3-7]_*/*.cu stages/11_*/*.cu; do
     echo "== $src"
     nvcc -O3 -std=c++17 -arch=sm_90 -I common -Xptxas -v -c "$src" -o "$obj/stage.o" 2>&1 |
       grep -v "Compile time"
