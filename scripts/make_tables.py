@@ -725,6 +725,24 @@ def ptxas_stage11_entries():
     return out
 
 
+def ptxas_stage12_entries():
+    """Stage 12's kernels in ptxas_sm90.txt (compiled for sm_90a): (dtype, head_dim, causal, config) ->
+    (registers, stack, spill stores, spill loads); config is HopperConfig's arguments joined by '-'
+    (consumers, keys per tile, stages, then setmaxnreg, ping-pong, overlap as 0/1), e.g. 2-128-2-0-0-0."""
+    text = (RESULTS / "ptxas_sm90.txt").read_text()
+    entry = re.compile(r"Function properties for _ZN7stage1213hopper_kernelI(6__half|13__nv_bfloat16)Li(\d+)ELb([01])E"
+                       r"NS_12HopperConfigILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])E\w*\n\s*(\d+) bytes "
+                       r"stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\nptxas info\s*: Used (\d+) registers")
+    out = {}
+    for m in entry.finditer(text):
+        dtype = "fp16" if m[1] == "6__half" else "bf16"
+        out[(dtype, int(m[2]), m[3] == "1", "-".join(m[i] for i in range(4, 10)))] = tuple(
+            int(m[i]) for i in (13, 10, 11, 12))
+    if not out:
+        raise KeyError("stage 12 in ptxas_sm90.txt")
+    return out
+
+
 def ptxas_stage11_table():
     """Registers and spills of stage 11's dk_dv_kernel (both modes) and dq_kernel per head_dim, the
     largest over dtype and causal (ptxas_sm90.txt)."""
@@ -1296,6 +1314,10 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         or its share of the backward in percent
       runner/SS/COLUMN                  a cell of h100_runner.txt (time_ms, tflops, err_vs_prev, err_vs_ref)
       runner-max/AA-BB/COLUMN           the largest err_vs_ref (or other number column) of stages AA..BB
+      ptxas12/dD/cC/CONFIG/WHAT         the same of stage 12's kernel with HopperConfig CONFIG (e.g.
+                                        2-128-2-0-0-0: two consumers, 128 keys, 2 stages, no setmaxnreg,
+                                        ping-pong or overlap), the largest over bf16 and fp16
+      ptxas12-spilling                  how many of stage 12's kernels spill: "K of M"
       ptxas/SS/KERNEL/dD/WHAT           registers, stack, spill-stores, spill-loads of a kernel (e.g.
                                         online_softmax_attention_kernel, dk_dv_kernel) in ptxas_sm90.txt;
                                         of a kernel compiled for several tile sizes, the largest (the H100's)
@@ -1584,6 +1606,16 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
             raise KeyError(spec)
         m = max(found, key=lambda m: int(m[4] or 0))
         return {"stack": m[5], "spill-stores": m[6], "spill-loads": m[7], "registers": m[8]}[what]
+    if kind == "ptxas12":  # ptxas12/dD/cC/CONFIG/WHAT, the largest over bf16 and fp16
+        found = [v for (_, d, c, cfg), v in ptxas_stage12_entries().items()
+                 if (d, c, cfg) == (int(parts[1][1:]), parts[2] == "c1", parts[3])]
+        if not found:
+            raise KeyError(spec)
+        i = ("registers", "stack", "spill-stores", "spill-loads").index(parts[4])
+        return str(max(v[i] for v in found))
+    if kind == "ptxas12-spilling":  # ptxas12-spilling: "K of M" of stage 12's kernels spill
+        entries = ptxas_stage12_entries()
+        return f"{sum(v[2] > 0 for v in entries.values())} of {len(entries)}"
     if kind == "decode":  # decode/PAGE/B/N/gbs|pct|us
         r = load_decode_bench()[(int(parts[1]), int(parts[2]), int(parts[3]))]
         if parts[4] == "pct":

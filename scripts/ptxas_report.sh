@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Registers, stack frames and spills of the stages' kernels, as ptxas reports them (`nvcc -Xptxas -v`):
-# the compile-time figures of the lessons of stages 03, 07 and 11. No GPU needed.
+# the compile-time figures of the lessons of stages 03, 07, 11 and 12. No GPU needed. Stage 12 is
+# compiled as the build compiles it for Hopper: sm_90a, with its kernels switched on.
 # Writes bench/results/ptxas_sm90.txt (the nvcc version, then ptxas's lines without compile times);
 # scripts/make_tables.py reads it (value:ptxas/..., table:ptxas-backward).
 # Usage: scripts/ptxas_report.sh
@@ -16,5 +17,8 @@ trap 'rm -rf "$obj"' EXIT
     nvcc -O3 -std=c++17 -arch=sm_90 -I common -Xptxas -v -c "$src" -o "$obj/stage.o" 2>&1 |
       grep -v "Compile time"
   done
+  echo "== stages/12_hopper/hopper.cu (sm_90a)"
+  nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DFLASH_STAGE12_SM90A=1 -I common -Xptxas -v \
+    -c stages/12_hopper/hopper.cu -o "$obj/stage.o" 2>&1 | grep -v "Compile time"
 } > "$out"
 echo "wrote $out"
