@@ -570,23 +570,33 @@ NCU12_METRICS = {  # alias -> (metric, row label, divisor, decimals)
 FA_TOKENS, FA_HEADS_TIMES_DIM = 16384, 2048
 
 
+def ncu_csv_rows(path):
+    """The metric rows of an `ncu --csv` file whose program printed its own lines first (the
+    benchmark's): (launch ID, kernel, grid, metric, value), the value a float, None where ncu wrote n/a."""
+    for row in csv.reader(path.read_text().splitlines()):
+        if len(row) != 15 or row[0] == "ID":
+            continue
+        try:
+            value = float(row[14].replace(",", ""))
+        except ValueError:
+            value = None
+        yield row[0], row[4], row[8], row[12], value
+
+
 def load_ncu12(head_dim):
     """Stage 12's Nsight Compute files at head_dim D (h100_ncu_stage12_dD.csv and its _tensor.csv:
     Google Benchmark's lines, then ncu's CSV). Returns {"metrics": {metric: [value per launch, None
     where ncu wrote n/a]}, "kernel", "grid", "seq"}."""
     out = {"metrics": {}, "kernel": None, "grid": None, "seq": None}
     for suffix in ("", "_tensor"):
-        text = (RESULTS / f"h100_ncu_stage12_d{head_dim}{suffix}.csv").read_text()
-        bench = re.search(r"stage12_hopper/bf16/d(\d+)/causal0/seq:(\d+)", text)
+        path = RESULTS / f"h100_ncu_stage12_d{head_dim}{suffix}.csv"
+        bench = re.search(r"stage12_hopper/bf16/d(\d+)/causal0/seq:(\d+)", path.read_text())
         if not bench or int(bench[1]) != head_dim:
-            raise KeyError(f"h100_ncu_stage12_d{head_dim}{suffix}.csv is not the head_dim {head_dim} benchmark")
+            raise KeyError(f"{path.name} is not the head_dim {head_dim} benchmark")
         out["seq"] = int(bench[2])
-        for row in csv.reader(text.splitlines()):
-            if len(row) != 15 or row[0] == "ID":
-                continue
-            out["kernel"], out["grid"] = row[4], int(re.match(r"\((\d+),", row[8])[1])
-            value = row[14].replace(",", "")
-            out["metrics"].setdefault(row[12], []).append(None if value == "n/a" else float(value))
+        for _, kernel, grid, metric, value in ncu_csv_rows(path):
+            out["kernel"], out["grid"] = kernel, int(re.match(r"\((\d+),", grid)[1])
+            out["metrics"].setdefault(metric, []).append(value)
     return out
 
 
@@ -1070,18 +1080,13 @@ def load_ncu_stage(stage, head_dim):
     out = {}
     for suffix in ("", "_tensor"):
         first = {}  # kernel -> the ID of its first launch in this file
-        with open(RESULTS / f"h100_ncu_stage{stage:02d}_d{head_dim}{suffix}.csv", newline="") as f:
-            for row in csv.reader(f):
-                if len(row) < 15 or row[0] == "ID":
-                    continue
-                name = re.search(r"(\w+?)_kernel\b", row[4])
-                kernel = name[1] if name else row[4]
-                if first.setdefault(kernel, row[0]) != row[0]:
-                    continue
-                try:
-                    out.setdefault(kernel, {})[row[-3]] = float(row[-1].replace(",", ""))
-                except ValueError:
-                    continue
+        for launch, full_name, _, metric, value in ncu_csv_rows(
+                RESULTS / f"h100_ncu_stage{stage:02d}_d{head_dim}{suffix}.csv"):
+            name = re.search(r"(\w+?)_kernel\b", full_name)
+            kernel = name[1] if name else full_name
+            if first.setdefault(kernel, launch) != launch or value is None:
+                continue
+            out.setdefault(kernel, {})[metric] = value
     return out
 
 
