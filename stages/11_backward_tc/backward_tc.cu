@@ -13,8 +13,8 @@ constexpr int kRowDotThreads = 256;        // row_dot_kernel and convert_dq_kern
 
 // One shape per head_dim. dk_dv_kernel: KeyTileConfig<warps (16 keys each), query rows per step,
 // blocks per SM>; dq_kernel (deterministic mode): QueryTileConfig<warps (16 rows each), keys per
-// tile, blocks per SM>. A first choice, to be measured on the H100 (lesson 11): 128 keys per block
-// as FlashAttention-2's backward, 64 query rows per step.
+// tile, blocks per SM>. 128 keys per block as FlashAttention-2's backward, 64 query rows per step:
+// the shapes lesson 11 measured on the H100, where the registers they take leave one block per SM.
 template <int kHeadDim>
 struct Shapes {
   using KeyTile = KeyTileConfig<8, 64, 1>;
