@@ -160,6 +160,25 @@ __device__ inline void red_add_f32x2(float* address, float lo, float hi) {
 #endif
 }
 
+// Programmatic dependent launch (PTX ISA, "griddepcontrol"; CUDA Programming Guide, "Programmatic
+// Dependent Launch and Synchronization": compute capability 9.0 on). launch_dependents: the grid the
+// host launched after this one with cudaLaunchAttributeProgrammaticStreamSerialization may be
+// scheduled once every block of this grid has issued it or exited, before this grid ends. Both compile
+// to nothing below sm_90, where the next grid starts after this one ends, as it always did.
+__device__ inline void grid_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// griddepcontrol.wait: blocks until every grid this one depends on has completed and its memory
+// operations are visible to this grid. What a dependent grid does before it is what overlaps.
+__device__ inline void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // ex2.approx: 2^x on the special-function unit in one instruction (expf is a multiply and this).
 __device__ inline float exp2_approx(float x) {
   float y;

@@ -48,6 +48,7 @@ flash::Status with_own_head_dims(flash::Status s) {
 struct GpuFacts {
   int num_sms = 0;
   int blocks_per_sm = 0;
+  bool dependent_launch = false;  // programmatic dependent launch: compute capability 9.0 on
 };
 
 template <typename Kernel>
@@ -55,6 +56,7 @@ flash::Status gpu_facts(Kernel kernel, int shared_bytes, GpuFacts* facts) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known_sms[kMaxDevices];  // 0 until asked
   static std::atomic<int> known_blocks[kMaxDevices];
+  static std::atomic<bool> known_dependent_launch[kMaxDevices];
   int device = 0;
   flash::Status s = flash::cuda_status(cudaGetDevice(&device));
   if (!s.ok()) return s;
@@ -62,6 +64,7 @@ flash::Status gpu_facts(Kernel kernel, int shared_bytes, GpuFacts* facts) {
   if (cacheable && known_blocks[device].load() > 0) {
     facts->num_sms = known_sms[device].load();
     facts->blocks_per_sm = known_blocks[device].load();
+    facts->dependent_launch = known_dependent_launch[device].load();
     return s;
   }
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once per device.
@@ -70,11 +73,15 @@ flash::Status gpu_facts(Kernel kernel, int shared_bytes, GpuFacts* facts) {
   if (s.ok())
     s = flash::cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&facts->blocks_per_sm, kernel,
                                                                          kernel_detail::kThreads, shared_bytes));
+  int major = 0;
+  if (s.ok()) s = flash::cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (!s.ok()) return s;
+  facts->dependent_launch = major >= 9;
   if (facts->blocks_per_sm < 1) facts->blocks_per_sm = 1;  // the launch itself will say why it cannot run
   if (cacheable) {
     known_sms[device].store(facts->num_sms);
-    known_blocks[device].store(facts->blocks_per_sm);
+    known_dependent_launch[device].store(facts->dependent_launch);
+    known_blocks[device].store(facts->blocks_per_sm);  // last: a reader takes blocks > 0 as "all stored"
   }
   return s;
 }
@@ -115,12 +122,22 @@ flash::Status launch(const void* q, const Cache& cache, void* o, float* lse, int
   status = flash::last_launch_status();
   if (!status.ok() || p.num_splits == 1) return status;
 
+  // The merge as a programmatic dependent launch where the GPU has it (compute capability 9.0 on):
+  // split_kernel lets it be scheduled early, and it waits for the partials itself (grid_dependency_wait).
   constexpr int kMergeThreads = 256;
   const long long merge_threads = p.rows * (kHeadDim / 4);
-  merge_kernel<Element, kHeadDim><<<static_cast<unsigned>(ceil_div(merge_threads, kMergeThreads)), kMergeThreads, 0,
-                                    stream>>>(partial_o, partial_lse, static_cast<Element*>(o), lse, p.rows,
-                                              p.num_splits);
-  return flash::last_launch_status();
+  cudaLaunchAttribute dependent;
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(ceil_div(merge_threads, kMergeThreads)));
+  config.blockDim = dim3(kMergeThreads);
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = facts.dependent_launch ? 1 : 0;
+  return flash::cuda_status(cudaLaunchKernelEx(&config, merge_kernel<Element, kHeadDim>, partial_o,
+                                               static_cast<const float*>(partial_lse), static_cast<Element*>(o),
+                                               lse, p.rows, p.num_splits));
 }
 
 template <typename Element>

@@ -199,6 +199,10 @@ __global__ void __launch_bounds__(kernel_detail::kThreads, kernel_detail::kMinBl
   const int group = lane / 4;            // g: the lane's rows are g and g + 8 of the block's 16
   const int thread_in_group = lane % 4;  // t: its columns 2t and 2t + 1 of each 8-wide block
 
+  // The merge may be scheduled now: it waits for this whole grid before it reads a partial, so its
+  // launch and block start-up overlap this grid's work instead of following its last block.
+  tensor_core::grid_launch_dependents();
+
   // The block's place: row tiles innermost, so the tiles of one K/V group run side by side and read
   // the same keys at the same time (every read after the first comes from L2).
   long long id = blockIdx.x;
@@ -411,6 +415,7 @@ __global__ void __launch_bounds__(256)
   if (e >= rows * kChunks) return;
   const long long row = e / kChunks;
   const int c = static_cast<int>(e % kChunks) * 4;
+  tensor_core::grid_dependency_wait();  // every partial written by split_kernel, and visible
   flash::SoftmaxStats stats = flash::empty_softmax_stats();
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   for (int s = 0; s < num_splits; ++s) {
