@@ -149,8 +149,13 @@ template <typename Element, int kHeadDim, class Cache>
 __device__ void load_step(StepTiles<Element, kHeadDim>& tile, const Cache& cache, int b, int g, int first,
                           int key_end) {
   constexpr int kVecsPerRow = kHeadDim / kVecElems;
+  constexpr int kVecs = kBlockKeys * kVecsPerRow;  // 16-byte vectors of K in a step, and as many of V
+  static_assert(kVecs % kThreads == 0, "every thread copies the same number of vectors");
+  // A trip count the compiler knows (lesson 10): the loop unrolls. Each copy keeps its row offset and
+  // bounds check (a paged cache, a split that ends inside a step).
 #pragma unroll
-  for (int e = threadIdx.x; e < kBlockKeys * kVecsPerRow; e += kThreads) {
+  for (int i = 0; i < kVecs / kThreads; ++i) {
+    const int e = threadIdx.x + i * kThreads;
     const int r = e / kVecsPerRow;
     const int c = (e % kVecsPerRow) * kVecElems;
     const int key = first + r;
