@@ -50,7 +50,10 @@ and SDPA pinned to the flash backend with q [B, 32, 1, 128] and k, v [B, 8, N, 1
 (PyTorch 2.5 and later); where that is refused, SDPA gets K and V expanded to 32 heads
 (repeat_interleave, outside the timing) and the table says so. GB/s are the K and V bytes of the GQA
 problem (2 * B * 8 * N * 128 * 2) over the median time, for every implementation alike. L2 is flushed
-(a buffer of twice its size read) before every timed call, so no call finds the cache there.
+(a buffer of twice its size read) before every timed call, so no call finds the cache there; after the
+flush the GPU spins for DECODE_HOLD_CYCLES, so that the host's work to issue the call (Python, the
+binding, the launches) happens while the GPU is still busy and stays out of the timed span, which then
+holds GPU time only, for every implementation alike.
 Writes compare_<gpu>_decode.json, .md and .png (GB/s against seq_kv with the HBM line).
 """
 
@@ -530,6 +533,10 @@ def plots(meta, results, impls, base):
 DECODE_HEADS_Q, DECODE_HEADS_KV, DECODE_HEAD_DIM, DECODE_PAGE = 32, 8, 128, 64
 DECODE_SHAPES = [(1, 131072), (8, 32768), (64, 4096)]  # (batch, seq_kv): the three target shapes
 DECODE_SWEEP = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]  # seq_kv at batch 1
+# GPU clock cycles of torch.cuda._sleep after each flush: about 0.2 ms at the H100's 1.98 GHz, longer
+# than the host takes to issue one call. Without the hold, that host time landed in the timed span of
+# the small calls (bench/results/RUNS.md, 2026-11-23).
+DECODE_HOLD_CYCLES = 400_000
 ANCHORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "pytorch_anchors_h100.md")
 
 
@@ -579,6 +586,7 @@ def main_decode(args, t0, torch, flash_stages, F, SDPBackend, sdpa_kernel):
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         flush()
+        torch.cuda._sleep(DECODE_HOLD_CYCLES)
         start.record()
         fn()
         end.record()
@@ -588,6 +596,7 @@ def main_decode(args, t0, torch, flash_stages, F, SDPBackend, sdpa_kernel):
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps - 1)]
         for a, b in events:
             flush()
+            torch.cuda._sleep(DECODE_HOLD_CYCLES)
             a.record()
             fn()
             b.record()
@@ -675,8 +684,9 @@ def main_decode(args, t0, torch, flash_stages, F, SDPBackend, sdpa_kernel):
         gpu=props.name, torch=torch.__version__, cuda=torch.version.cuda, python=platform.python_version(),
         dtype=args.dtype, heads_q=DECODE_HEADS_Q, heads_kv=DECODE_HEADS_KV, head_dim=DECODE_HEAD_DIM, seq_q=1,
         page_size=DECODE_PAGE, sdpa_gqa=gqa_mode, hbm_datasheet_tbs=hbm_datasheet_tbs(),
-        timing=dict(method="CUDA events per call, median; L2 flushed before every call", warmup_calls=1,
-                    min_runs=5, max_runs=50, budget_ms=budget_s * 1e3, flush_bytes=2 * l2),
+        timing=dict(method="CUDA events per call, median; L2 flushed before every call, then the GPU held busy "
+                           "while the host issues the call", warmup_calls=1, min_runs=5, max_runs=50,
+                    budget_ms=budget_s * 1e3, flush_bytes=2 * l2, hold_cycles=DECODE_HOLD_CYCLES),
         bytes="K and V of the GQA problem: 2 * B * heads_kv * seq_kv * head_dim * element size",
         stage=dict(number=st.number, name=st.name), elapsed_s=round(elapsed, 1))
     os.makedirs(args.out_dir, exist_ok=True)
@@ -708,7 +718,8 @@ def decode_markdown(meta, results, impls):
         "",
         f"GB/s over the K and V bytes (2·B·{meta['heads_kv']}·N·{meta['head_dim']}·2), one new query per sequence, "
         f"{meta['heads_q']} query heads on {meta['heads_kv']} K/V heads, head_dim {meta['head_dim']}; median of "
-        f"CUDA-event timings with L2 flushed before every call; time in µs in parentheses. {stage}-paged: pages of "
+        f"CUDA-event timings with L2 flushed before every call and the host's issuing kept out of the timed span "
+        f"(the GPU spins {meta['timing']['hold_cycles']} cycles after the flush); time in µs in parentheses. {stage}-paged: pages of "
         f"{meta['page_size']} keys in shuffled order. sdpa-flash: {mode}." +
         (f" Of HBM: {stage} against the datasheet's {hbm} TB/s (`bench/results/pytorch_anchors_h100.md`)."
          if hbm else ""),

@@ -12,6 +12,7 @@
 #   h100_bench_decode.json    the benchmark's decode family   (table:decode-bench)
 #   compare_h100_decode.md    compare.py --decode's table     (table:decode-compare)
 #   compare_h100_decode.json  its data; compare_h100_decode.png its plot (README)
+#   h100_stage13_splits.txt   stage13-splits: forced split counts (kBlockOverheadSteps's fit)
 # Usage: OUT=... scripts/gpu_check_decode.sh
 set -uo pipefail
 out=${OUT:-gpu-logs}
@@ -71,6 +72,11 @@ timeout 120 $build/bin/flash-stages-bench --benchmark_filter='decode' --benchmar
   --benchmark_out_format=json > "$res/bench_decode.txt" 2>&1 || status=1
 say "bench decode ($SECONDS s):"
 grep -E "^stage13" "$res/bench_decode.txt" | awk '{print "  " $0}' | tee -a "$res/summary.txt"
+
+# 4b. The split plan against the clock: forced split counts at lesson 13's shapes.
+SECONDS=0
+timeout 150 $build/bin/stage13-splits > "$res/h100_stage13_splits.txt" 2>&1 || status=1
+say "stage13-splits ($SECONDS s): $(grep -c 'choose_splits$' "$res/h100_stage13_splits.txt") shapes"
 
 # 5. Against PyTorch SDPA's flash backend on the same calls.
 SECONDS=0

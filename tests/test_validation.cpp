@@ -500,6 +500,21 @@ TEST(stage13_decoding, RefusesWhatItDoesNotTake) {
                  "head_dim = 48 (supported: 64, 128)");
 }
 
+// forward_with_splits takes 1 to max_splits splits; any other count is refused by name before a launch.
+TEST(stage13_decoding, ForcedSplitCountIsChecked) {
+  const registry::Stage& s = *registry::find(13);
+  const DecodeCall c(s);
+  const int most = stage13::max_splits(c.batch, c.heads_q, c.heads_kv, c.seq_q, c.seq_kv);
+  for (int splits : {0, -1, most + 1})
+    expect_refused(
+        [&] {
+          return stage13::forward_with_splits(splits, c.q, c.k, c.v, c.o, c.lse, c.batch, c.heads_q, c.heads_kv,
+                                              c.seq_q, c.seq_kv, c.head_dim, c.scale, c.causal, c.dtype, c.workspace,
+                                              c.workspace_bytes, nullptr);
+        },
+        flash::StatusCode::kInvalidArgument, "num_splits = " + std::to_string(splits));
+}
+
 // The workspace is exactly max_splits partial rows of head_dim + 1 floats, and it is checked.
 TEST(stage13_decoding, WorkspaceIsMaxSplitsPartialRows) {
   // batch 1, 32 query heads on 8 K/V heads, one query, 131072 keys: 8 units of work, so
@@ -531,17 +546,17 @@ TEST(stage13_decoding, WorkspaceIsMaxSplitsPartialRows) {
   expect_refused([&] { return null_ws.run(s); }, flash::StatusCode::kNullPointer, "workspace");
 }
 
-// The split plan on an H100 (132 SMs, two blocks of the head_dim 128 kernel per SM), the numbers the
-// lesson works through: one wave of blocks for its three target shapes.
+// The split plan on an H100 (132 SMs; a wave is one block per SM), the numbers the lesson works
+// through for its three target shapes.
 TEST(stage13_decoding, SplitPlanForTheH100) {
-  EXPECT_EQ(stage13::choose_splits(1, 32, 8, 1, 131072, 132, 2), 33);  // 8 x 33 = 264 blocks: one wave
-  EXPECT_EQ(stage13::choose_splits(8, 32, 8, 1, 32768, 132, 2), 4);    // 256 blocks
-  EXPECT_EQ(stage13::choose_splits(64, 32, 8, 1, 4096, 132, 2), 1);    // 512 blocks without splitting
-  EXPECT_EQ(stage13::choose_splits(1, 32, 8, 1, 1024, 132, 2), 4);     // 1024 keys: 4 splits of 256
-  EXPECT_EQ(stage13::choose_splits(1, 32, 8, 1, 1 << 20, 132, 2), 33);
+  EXPECT_EQ(stage13::choose_splits(1, 32, 8, 1, 131072, 132), 16);  // 8 x 16 = 128 blocks: one wave
+  EXPECT_EQ(stage13::choose_splits(8, 32, 8, 1, 32768, 132), 2);    // 128 blocks
+  EXPECT_EQ(stage13::choose_splits(64, 32, 8, 1, 4096, 132), 1);    // 512 blocks without splitting
+  EXPECT_EQ(stage13::choose_splits(1, 32, 8, 1, 1024, 132), 4);     // 1024 keys: 4 splits of 256
+  EXPECT_EQ(stage13::choose_splits(1, 32, 8, 1, 1 << 20, 132), 33);  // two waves: 4 idle SMs cost more
   for (int seq_kv : {1, 7, 255, 4097, 65537, 1 << 20})
     for (int batch : {1, 3, 64, 256}) {
-      const int splits = stage13::choose_splits(batch, 32, 8, 1, seq_kv, 132, 2);
+      const int splits = stage13::choose_splits(batch, 32, 8, 1, seq_kv, 132);
       EXPECT_GE(splits, 1);
       EXPECT_LE(splits, stage13::max_splits(batch, 32, 8, 1, seq_kv)) << batch << " x " << seq_kv;
     }

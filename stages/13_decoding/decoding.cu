@@ -43,11 +43,10 @@ flash::Status with_own_head_dims(flash::Status s) {
   return s.code == flash::StatusCode::kHeadDimNotSupported ? flash::with_detail(s, "64, 128") : s;
 }
 
-// What a launch needs to know about the GPU, asked once per device and kernel: the SM count and how
-// many blocks of the kernel fit on one SM (shared memory and registers decide it).
+// What a launch needs to know about the GPU, asked once per device: the SM count, and whether it
+// has programmatic dependent launch.
 struct GpuFacts {
   int num_sms = 0;
-  int blocks_per_sm = 0;
   bool dependent_launch = false;  // programmatic dependent launch: compute capability 9.0 on
 };
 
@@ -55,42 +54,37 @@ template <typename Kernel>
 flash::Status gpu_facts(Kernel kernel, int shared_bytes, GpuFacts* facts) {
   constexpr int kMaxDevices = 64;
   static std::atomic<int> known_sms[kMaxDevices];  // 0 until asked
-  static std::atomic<int> known_blocks[kMaxDevices];
   static std::atomic<bool> known_dependent_launch[kMaxDevices];
   int device = 0;
   flash::Status s = flash::cuda_status(cudaGetDevice(&device));
   if (!s.ok()) return s;
   const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (cacheable && known_blocks[device].load() > 0) {
+  if (cacheable && known_sms[device].load() > 0) {
     facts->num_sms = known_sms[device].load();
-    facts->blocks_per_sm = known_blocks[device].load();
     facts->dependent_launch = known_dependent_launch[device].load();
     return s;
   }
   // Above 48 KiB of dynamic shared memory a kernel must opt in, once per device.
   s = flash::allow_shared_memory(kernel, shared_bytes);
   if (s.ok()) s = flash::cuda_status(cudaDeviceGetAttribute(&facts->num_sms, cudaDevAttrMultiProcessorCount, device));
-  if (s.ok())
-    s = flash::cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&facts->blocks_per_sm, kernel,
-                                                                         kernel_detail::kThreads, shared_bytes));
   int major = 0;
   if (s.ok()) s = flash::cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (!s.ok()) return s;
   facts->dependent_launch = major >= 9;
-  if (facts->blocks_per_sm < 1) facts->blocks_per_sm = 1;  // the launch itself will say why it cannot run
   if (cacheable) {
-    known_sms[device].store(facts->num_sms);
     known_dependent_launch[device].store(facts->dependent_launch);
-    known_blocks[device].store(facts->blocks_per_sm);  // last: a reader takes blocks > 0 as "all stored"
+    known_sms[device].store(facts->num_sms);  // last: a reader takes sms > 0 as "all stored"
   }
   return s;
 }
 
 // The split kernel for one dtype, head_dim and cache, then the merge when there are splits.
 // plan_kv is the key count the splits are planned for: seq_kv, or a paged cache's capacity.
+// num_splits: 0 to let choose_splits decide, else the count to use (checked by the caller).
 template <typename Element, int kHeadDim, class Cache>
 flash::Status launch(const void* q, const Cache& cache, void* o, float* lse, int batch, int heads_q, int heads_kv,
-                     int seq_q, int plan_kv, float scale, bool causal, void* workspace, cudaStream_t stream) {
+                     int seq_q, int plan_kv, float scale, bool causal, void* workspace, cudaStream_t stream,
+                     int num_splits = 0) {
   const auto kernel = split_kernel<Element, kHeadDim, Cache>;
   constexpr int kShared = kernel_detail::shared_bytes<Element, kHeadDim>();
   // One pipeline depth per head_dim: a GPU (or flash::set_shared_memory_limit) that allows a block
@@ -107,7 +101,8 @@ flash::Status launch(const void* q, const Cache& cache, void* o, float* lse, int
   p.seq_q = seq_q;
   p.group_rows = heads_q / heads_kv * seq_q;
   p.row_tiles = row_tiles(heads_q, heads_kv, seq_q);
-  p.num_splits = choose_splits(batch, heads_q, heads_kv, seq_q, plan_kv, facts.num_sms, facts.blocks_per_sm);
+  p.num_splits =
+      num_splits > 0 ? num_splits : choose_splits(batch, heads_q, heads_kv, seq_q, plan_kv, facts.num_sms);
   p.rows = static_cast<long long>(batch) * heads_q * seq_q;
   p.scale_log2 = scale * kernel_detail::kLog2e;
   p.causal = causal;
@@ -143,17 +138,17 @@ flash::Status launch(const void* q, const Cache& cache, void* o, float* lse, int
 template <typename Element>
 flash::Status launch_contiguous(const void* q, const void* k, const void* v, void* o, float* lse, int batch,
                                 int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale,
-                                bool causal, void* workspace, cudaStream_t stream) {
+                                bool causal, void* workspace, cudaStream_t stream, int num_splits) {
   if (head_dim == 64) {
     const ContiguousCache<Element, 64> cache{static_cast<const Element*>(k), static_cast<const Element*>(v), heads_kv,
                                              seq_kv};
     return launch<Element, 64>(q, cache, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal, workspace,
-                               stream);
+                               stream, num_splits);
   }
   const ContiguousCache<Element, 128> cache{static_cast<const Element*>(k), static_cast<const Element*>(v), heads_kv,
                                             seq_kv};
   return launch<Element, 128>(q, cache, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal, workspace,
-                              stream);
+                              stream, num_splits);
 }
 
 template <typename Element>
@@ -237,11 +232,11 @@ int max_splits(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv) {
   return static_cast<int>(limit < 1 ? 1 : limit);
 }
 
-int choose_splits(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int num_sms, int blocks_per_sm) {
+int choose_splits(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int num_sms) {
   const int limit = max_splits(batch, heads_q, heads_kv, seq_q, seq_kv);
   if (limit == 1) return 1;
   const long long units = static_cast<long long>(batch) * heads_kv * row_tiles(heads_q, heads_kv, seq_q);
-  const long long slots = static_cast<long long>(num_sms < 1 ? 1 : num_sms) * (blocks_per_sm < 1 ? 1 : blocks_per_sm);
+  const long long slots = num_sms < 1 ? 1 : num_sms;  // one block per SM: a wave
   const long long steps = ceil_div(seq_kv, kBlockKeys);
   int best = 1;
   long long best_cost = -1;
@@ -264,13 +259,23 @@ size_t forward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, i
   return static_cast<size_t>(splits) * rows * (static_cast<size_t>(head_dim) + 1) * sizeof(float);
 }
 
-flash::Status forward(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
-                      int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, flash::DType dtype,
-                      void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+namespace {
+
+// forward (num_splits 0: choose_splits decides) and forward_with_splits (num_splits checked).
+flash::Status forward_contiguous(bool choose, int num_splits, const void* q, const void* k, const void* v, void* o,
+                                 float* lse, int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim,
+                                 float scale, bool causal, flash::DType dtype, void* workspace, size_t workspace_bytes,
+                                 cudaStream_t stream) {
   flash::Status status = with_own_head_dims(
       flash::check_forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale));
   if (status.ok()) status = flash::check_half_dtype(dtype);
   if (status.ok()) status = check_decoding_shape(seq_q, head_dim);
+  if (status.ok() && !choose) {
+    const int most = max_splits(batch, heads_q, heads_kv, seq_q, seq_kv);
+    if (num_splits < 1 || num_splits > most)
+      status = flash::with_detail(flash::make_status(flash::StatusCode::kInvalidArgument, "num_splits", num_splits),
+                                  "takes 1 to max_splits(...) of the call's sizes");
+  }
   if (status.ok())
     status = flash::check_workspace(workspace, workspace_bytes,
                                     forward_workspace_size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim));
@@ -278,9 +283,26 @@ flash::Status forward(const void* q, const void* k, const void* v, void* o, floa
   if (!status.ok()) return status;
   if (dtype == flash::DType::kFp16)
     return launch_contiguous<__half>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal,
-                                     workspace, stream);
+                                     workspace, stream, num_splits);
   return launch_contiguous<__nv_bfloat16>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
-                                          causal, workspace, stream);
+                                          causal, workspace, stream, num_splits);
+}
+
+}  // namespace
+
+flash::Status forward(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
+                      int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, flash::DType dtype,
+                      void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  return forward_contiguous(true, 0, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal,
+                            dtype, workspace, workspace_bytes, stream);
+}
+
+flash::Status forward_with_splits(int num_splits, const void* q, const void* k, const void* v, void* o, float* lse,
+                                  int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim,
+                                  float scale, bool causal, flash::DType dtype, void* workspace,
+                                  size_t workspace_bytes, cudaStream_t stream) {
+  return forward_contiguous(false, num_splits, q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                            scale, causal, dtype, workspace, workspace_bytes, stream);
 }
 
 size_t forward_paged_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int head_dim, int page_size,

@@ -45,12 +45,15 @@ constexpr int kBlockKeys = 64;
 constexpr int kMinSplitKeys = 256;
 // At most this many splits of one (sequence, K/V head, row tile).
 constexpr int kMaxSplits = 256;
-// Splitting never takes the grid past this many blocks: about four waves of an H100 at two blocks
-// per SM. The heuristic aims at one or two waves, so it stays under this on any GPU with up to 512
-// block slots; the bound keeps the workspace independent of the GPU.
+// Splitting never takes the grid past this many blocks: about eight waves of an H100's 132 SMs. The
+// heuristic aims at one or two waves, so it stays under this on any GPU with up to 512 SMs; the bound
+// keeps the workspace independent of the GPU.
 constexpr int kMaxSplitBlocks = 1024;
-// A block's fixed cost in the heuristic's time model, in steps of kBlockKeys keys.
-constexpr int kBlockOverheadSteps = 2;
+// A block's fixed cost in the heuristic's time model, in steps of kBlockKeys keys: its first loads'
+// latency, the merge of its warps and its partial. Fitted on the H100 to forced split counts
+// (bench/results/h100_stage13_splits.txt): 1024 blocks of 16 steps take 1.40x as long as 128 blocks
+// of 128 steps for the same keys, (8 * (16 + c)) / (128 + c) = 1.40 gives c = 7.8.
+constexpr int kBlockOverheadSteps = 8;
 
 // 16-row tiles of one K/V group's heads_q / heads_kv * seq_q query rows.
 int row_tiles(int heads_q, int heads_kv, int seq_q);
@@ -61,15 +64,15 @@ int row_tiles(int heads_q, int heads_kv, int seq_q);
 // and at least 1. The workspace is sized for this many.
 int max_splits(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv);
 
-// The number of splits forward uses on a GPU with num_sms SMs running blocks_per_sm blocks each:
-// the s in [1, max_splits] that minimizes the time model
-//     waves(s) * (ceil(steps / s) + kBlockOverheadSteps),
-//     waves(s) = ceil(units * s / (num_sms * blocks_per_sm)),
+// The number of splits forward uses on a GPU with num_sms SMs: the s in [1, max_splits] that
+// minimizes the time model
+//     waves(s) * (ceil(steps / s) + kBlockOverheadSteps),   waves(s) = ceil(units * s / num_sms),
 // units = batch * heads_kv * row_tiles (independent pieces of work), steps = ceil(seq_kv /
-// kBlockKeys) (the pipeline steps of one unsplit unit); the smallest such s on a tie. Splitting fills
-// the GPU (more blocks per wave) and shortens each block; the last wave may run half empty, and
-// every split pays the block's fixed cost again. The lesson works it through for the H100.
-int choose_splits(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int num_sms, int blocks_per_sm);
+// kBlockKeys) (the pipeline steps of one unsplit unit); the smallest such s on a tie. A wave is one
+// block per SM: a second block resident on an SM shares that SM's bandwidth (measured, lesson 13), so
+// it counts as a second wave. Splitting fills the GPU and shortens each block; the last wave may run
+// half empty, and every split pays the block's fixed cost again. The lesson works it through.
+int choose_splits(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int num_sms);
 
 // ---------------------------------------------------------------------------------------------
 // Contiguous K/V
@@ -91,6 +94,14 @@ size_t forward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, i
 flash::Status forward(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
                       int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal, flash::DType dtype,
                       void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+// forward with the number of splits given, not chosen: 1 <= num_splits <= max_splits(...), else
+// kInvalidArgument naming num_splits, before any launch. For measuring the split plan
+// (bench/stage13_splits.cu, lesson 13) and for the lesson's exercises.
+flash::Status forward_with_splits(int num_splits, const void* q, const void* k, const void* v, void* o, float* lse,
+                                  int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim,
+                                  float scale, bool causal, flash::DType dtype, void* workspace,
+                                  size_t workspace_bytes, cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------------
 // Paged K/V (layout at the top of this file)

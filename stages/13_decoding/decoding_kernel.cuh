@@ -44,6 +44,7 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2 e)
 constexpr float kLn2 = 0.6931471805599453f;    // ln(2): turns a base-2 lse back into base e
 constexpr int kMinBlocksPerSm = 2;             // __launch_bounds__: registers for two blocks per SM
+constexpr int kMergeBatch = 8;  // partials merge_kernel loads at once: 8 float4 and 8 lse in registers
 
 // Pipeline steps in shared memory: three at head_dim 128 (32 KiB each: 96 KiB per block, two blocks
 // per H100 SM), four at 64 (16 KiB each). While a block computes on one step, the others are in
@@ -411,10 +412,14 @@ __global__ void __launch_bounds__(kernel_detail::kThreads, kernel_detail::kMinBl
 // normalized o_s with its lse_s, which is exactly the statistics {max = lse_s, sum = 1} with o_s as
 // the accumulator (sum_j exp(s_j - lse_s) v_j = o_s): stage 03's merge applies unchanged, and a split
 // that saw no key ({-inf, 0}) changes nothing. The fixed order makes the result deterministic.
+// The partials are read kMergeBatch splits at a time, every load of a batch issued before the first
+// merge: the merge is a chain (each step needs the last), but its loads are not, and one load after
+// another would pay the memory latency once per split.
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(256)
     merge_kernel(const float* partial_o, const float* partial_lse, Element* o, float* lse, long long rows,
                  int num_splits) {
+  using kernel_detail::kMergeBatch;
   constexpr int kChunks = kHeadDim / 4;
   const long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (e >= rows * kChunks) return;
@@ -423,17 +428,28 @@ __global__ void __launch_bounds__(256)
   tensor_core::grid_dependency_wait();  // every partial written by split_kernel, and visible
   flash::SoftmaxStats stats = flash::empty_softmax_stats();
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  for (int s = 0; s < num_splits; ++s) {
-    const long long at = s * rows + row;
-    const float part_lse = partial_lse[at];
-    const flash::SoftmaxStats part = {part_lse, part_lse == -INFINITY ? 0.0f : 1.0f};
-    float rescale_acc, rescale_part;
-    stats = flash::merge_softmax_stats(stats, part, &rescale_acc, &rescale_part);
-    const float4 x = *reinterpret_cast<const float4*>(partial_o + at * kHeadDim + c);
-    acc.x = acc.x * rescale_acc + x.x * rescale_part;
-    acc.y = acc.y * rescale_acc + x.y * rescale_part;
-    acc.z = acc.z * rescale_acc + x.z * rescale_part;
-    acc.w = acc.w * rescale_acc + x.w * rescale_part;
+  for (int first = 0; first < num_splits; first += kMergeBatch) {
+    float part_lse[kMergeBatch];
+    float4 part_o[kMergeBatch];
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) {
+      const long long at = (first + i) * rows + row;
+      const bool here = first + i < num_splits;  // past the last split: an empty partial, {-inf, 0}
+      part_lse[i] = here ? partial_lse[at] : -INFINITY;
+      part_o[i] = here ? *reinterpret_cast<const float4*>(partial_o + at * kHeadDim + c)
+                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < kMergeBatch; ++i) {
+      const flash::SoftmaxStats part = {part_lse[i], part_lse[i] == -INFINITY ? 0.0f : 1.0f};
+      float rescale_acc, rescale_part;
+      stats = flash::merge_softmax_stats(stats, part, &rescale_acc, &rescale_part);
+      const float4 x = part_o[i];
+      acc.x = acc.x * rescale_acc + x.x * rescale_part;
+      acc.y = acc.y * rescale_acc + x.y * rescale_part;
+      acc.z = acc.z * rescale_acc + x.z * rescale_part;
+      acc.w = acc.w * rescale_acc + x.w * rescale_part;
+    }
   }
   const float inv = flash::softmax_normalizer(stats);
   *reinterpret_cast<uint2*>(o + row * kHeadDim + c) =
