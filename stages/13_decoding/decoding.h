@@ -50,10 +50,12 @@ constexpr int kMaxSplits = 256;
 // keeps the workspace independent of the GPU.
 constexpr int kMaxSplitBlocks = 1024;
 // A block's fixed cost in the heuristic's time model, in steps of kBlockKeys keys: its first loads'
-// latency, the merge of its warps and its partial. Fitted on the H100 to forced split counts
-// (bench/results/h100_stage13_splits.txt): 1024 blocks of 16 steps take 1.40x as long as 128 blocks
-// of 128 steps for the same keys, (8 * (16 + c)) / (128 + c) = 1.40 gives c = 7.8.
-constexpr int kBlockOverheadSteps = 8;
+// latency, the merge of its warps, its partial and that partial's share of merge_kernel. Fitted on
+// the H100 to forced split counts (bench/results/h100_stage13_splits.txt, batch 1, 131072 keys):
+// 1024 blocks of 16 steps take 1.13x the time of 128 blocks of 128 steps, and 8 (16 + c) / (128 + c)
+// = 1.13 gives c = 2.4; 512 blocks of 32 steps (1.058x) give 2.5 and 256 blocks of 64 steps (1.029x)
+// 3.8: c = 3, the middle fit rounded up.
+constexpr int kBlockOverheadSteps = 3;
 
 // 16-row tiles of one K/V group's heads_q / heads_kv * seq_q query rows.
 int row_tiles(int heads_q, int heads_kv, int seq_q);
