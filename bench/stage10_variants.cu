@@ -6,6 +6,7 @@
 //   build/bin/stage10-variants [--json]
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,8 @@ constexpr uint64_t kSeed = 2024;
 constexpr int kTokens = 16384;
 constexpr int kHeadsTimesDim = 2048;
 constexpr int kWarmup = 3;
-constexpr int kRuns = 20;
+constexpr int kRuns = 10;   // timed runs per round
+constexpr int kRounds = 3;  // interleaved rounds (harness::time_cuda_interleaved); the median round is reported
 
 using Launch = flash::Status (*)(const void*, const void*, const void*, void*, float*, int, int, int, int, int, float,
                                  bool, cudaStream_t);
@@ -99,15 +101,22 @@ int main(int argc, char** argv) {
         const harness::DeviceInputs in(harness::make_inputs(p, kSeed), p.dtype);
         harness::DeviceTensor o(p.dtype, static_cast<size_t>(p.q_elems()));
         harness::DeviceBuffer<float> lse(p.rows());
-        for (const Variant& v : variants()) {
-          if (v.head_dim != 0 && v.head_dim != head_dim) continue;
-          flash::Status status;
-          const harness::Timing t = harness::time_cuda(
-              [&] {
-                status = v.launch(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch, p.heads_q,
-                                  p.heads_kv, p.seq_q, p.seq_kv, p.softmax_scale(), p.causal, nullptr);
-              },
-              kWarmup, kRuns);
+        std::vector<const Variant*> shape_variants;
+        for (const Variant& v : variants())
+          if (v.head_dim == 0 || v.head_dim == head_dim) shape_variants.push_back(&v);
+        std::vector<flash::Status> statuses(shape_variants.size());
+        std::vector<std::function<void()>> launches;
+        for (size_t i = 0; i < shape_variants.size(); ++i)
+          launches.push_back([&, i] {
+            statuses[i] = shape_variants[i]->launch(in.q.get(), in.k.get(), in.v.get(), o.get(), lse.get(), p.batch,
+                                                    p.heads_q, p.heads_kv, p.seq_q, p.seq_kv, p.softmax_scale(),
+                                                    p.causal, nullptr);
+          });
+        const std::vector<harness::Timing> timings = harness::time_cuda_interleaved(launches, kWarmup, kRuns, kRounds);
+        for (size_t i = 0; i < shape_variants.size(); ++i) {
+          const Variant& v = *shape_variants[i];
+          const flash::Status& status = statuses[i];
+          const harness::Timing& t = timings[i];
           const double tflops = status.ok() ? harness::forward_flops(p) / (t.median_ms * 1e-3) / 1e12 : 0.0;
           if (json) {
             std::printf("%s {\"head_dim\": %d, \"causal\": %s, \"seq\": %d, \"variant\": \"%s\", \"ms\": %.5g, "

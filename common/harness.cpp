@@ -261,4 +261,23 @@ Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cuda
   return t;
 }
 
+std::vector<Timing> time_cuda_interleaved(const std::vector<std::function<void()>>& launches, int warmup,
+                                          int runs_per_round, int rounds, cudaStream_t stream) {
+  std::vector<std::vector<double>> round_medians(launches.size());
+  std::vector<Timing> out(launches.size());
+  for (int round = 0; round < rounds; ++round)
+    for (size_t i = 0; i < launches.size(); ++i) {
+      const Timing t = time_cuda(launches[i], warmup, runs_per_round, stream);
+      round_medians[i].push_back(t.median_ms);
+      out[i].min_ms = round == 0 ? t.min_ms : std::min(out[i].min_ms, t.min_ms);
+      out[i].runs += t.runs;
+    }
+  for (size_t i = 0; i < launches.size(); ++i) {
+    std::vector<double>& m = round_medians[i];
+    std::sort(m.begin(), m.end());
+    out[i].median_ms = m.size() % 2 ? m[m.size() / 2] : 0.5 * (m[m.size() / 2 - 1] + m[m.size() / 2]);
+  }
+  return out;
+}
+
 }  // namespace harness

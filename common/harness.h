@@ -230,5 +230,12 @@ struct Timing {
 // Times `launch` with CUDA events: `warmup` untimed runs, then `runs` (at least 1) timed ones, each
 // between its own pair of events on `stream`, which is where launch must enqueue its work.
 Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cudaStream_t stream = nullptr);
+// Times several launches that are to be compared, in `rounds` interleaved rounds: each round times
+// every launch in turn with time_cuda(launch, warmup, runs_per_round). A launch's median_ms is the
+// median of its rounds' medians, its min_ms the fastest run of all. A GPU's clock drifts over a long
+// run (power and temperature); timing the launches one after the other would hand that drift to
+// whichever came last, while interleaving spreads it over all of them.
+std::vector<Timing> time_cuda_interleaved(const std::vector<std::function<void()>>& launches, int warmup,
+                                          int runs_per_round, int rounds, cudaStream_t stream = nullptr);
 
 }  // namespace harness
