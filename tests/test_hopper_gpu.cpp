@@ -63,6 +63,7 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kRegisterSplit: return variant_forward<stage12::Variant::kRegisterSplit>;
     case stage12::Variant::kPingPong: return variant_forward<stage12::Variant::kPingPong>;
     case stage12::Variant::kIntraOverlap: return variant_forward<stage12::Variant::kIntraOverlap>;
+    case stage12::Variant::kPersistent: return variant_forward<stage12::Variant::kPersistent>;
   }
   return nullptr;
 }
@@ -87,6 +88,21 @@ std::vector<VariantCase> variant_cases() {
             p.dtype = dtype;
             cases.push_back({static_cast<stage12::Variant>(v), p});
           }
+  // Persistent blocks: more work tiles than an H100 has SMs, so that blocks take several in turn
+  // (the ring and Q carried over, odd and even tile counts), and causal work tiles that see no key
+  // (seq_q > seq_kv) between tiles that do.
+  const int many_tiles[][5] = {
+      {4, 40, 8, 300, 257},  // 480 work tiles of 3 K/V tiles or fewer (causal)
+      {3, 48, 48, 129, 63},  // 288 work tiles; causal: the second query tile of each head sees no key
+  };
+  for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
+    for (int head_dim : {64, 128})
+      for (const auto& s : many_tiles)
+        for (bool causal : {false, true}) {
+          harness::Problem p{s[0], s[1], s[2], s[3], s[4], head_dim, causal};
+          p.dtype = dtype;
+          cases.push_back({stage12::Variant::kPersistent, p});
+        }
   // A negative scale (Q negated in shared memory, with its proxy fence) for every variant.
   for (int v = 1; v < stage12::kVariantCount; ++v) {
     harness::Problem p{2, 4, 2, 129, 200, 128, true};

@@ -9,6 +9,7 @@
 #if defined(FLASH_STAGE12_SM90A)
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 
+#include <algorithm>
 #include <mutex>
 
 #include "hopper_kernel.cuh"
@@ -107,10 +108,11 @@ flash::Status make_tensor_map(CUtensorMap* map, const void* base, flash::DType d
 // Launch
 // ---------------------------------------------------------------------------------------------
 
+// persistent: one block per SM, each taking work tiles in turn, instead of one block per work tile.
 template <typename Element, int kHeadDim, class Config>
 flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
                             int heads_kv, int seq_q, int seq_kv, float scale, bool causal, flash::DType dtype,
-                            cudaStream_t stream) {
+                            bool persistent, cudaStream_t stream) {
   const auto kernel = causal ? hopper_kernel<Element, kHeadDim, true, Config>
                              : hopper_kernel<Element, kHeadDim, false, Config>;
   constexpr size_t kSharedBytes = kernel_detail::SharedLayout<kHeadDim, Config>::kDynamicBytes;
@@ -129,7 +131,15 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   if (!status.ok()) return status;
   const int num_q_tiles = (seq_q + Config::kBlockRows - 1) / Config::kBlockRows;
   const int num_heads_total = batch * heads_q;
-  const long long blocks = static_cast<long long>(num_heads_total) * num_q_tiles;
+  long long blocks = static_cast<long long>(num_heads_total) * num_q_tiles;
+  if (persistent) {
+    // One block per SM is all that fits: the registers of 384 threads at 168 each (setmaxnreg).
+    int device = 0, num_sms = 0;
+    status = flash::cuda_status(cudaGetDevice(&device));
+    if (status.ok()) status = flash::cuda_status(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+    if (!status.ok()) return status;
+    blocks = std::min<long long>(blocks, num_sms);
+  }
   kernel<<<static_cast<unsigned>(blocks), Config::kThreads, kSharedBytes, stream>>>(
       q_map, k_map, v_map, static_cast<Element*>(o), lse, heads_q, heads_kv, seq_q, seq_kv,
       scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total);
@@ -147,19 +157,19 @@ using VariantIntraOverlap = HopperConfig<2, 128, 2, true, true, true>;
 template <class Config>
 flash::Status launch_config(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
                             int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal,
-                            flash::DType dtype, cudaStream_t stream) {
+                            flash::DType dtype, cudaStream_t stream, bool persistent = false) {
   if (dtype == flash::DType::kFp16) {
     if (head_dim == 64)
       return launch_hopper<__half, 64, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
-                                               dtype, stream);
+                                               dtype, persistent, stream);
     return launch_hopper<__half, 128, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
-                                              dtype, stream);
+                                              dtype, persistent, stream);
   }
   if (head_dim == 64)
     return launch_hopper<__nv_bfloat16, 64, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
-                                                     causal, dtype, stream);
+                                                     causal, dtype, persistent, stream);
   return launch_hopper<__nv_bfloat16, 128, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
-                                                   causal, dtype, stream);
+                                                   causal, dtype, persistent, stream);
 }
 
 #endif  // FLASH_STAGE12_SM90A
@@ -196,6 +206,7 @@ const char* variant_name(Variant variant) {
     case Variant::kRegisterSplit: return "+ setmaxnreg (producer warpgroup)";
     case Variant::kPingPong: return "+ ping-pong";
     case Variant::kIntraOverlap: return "+ intra-warpgroup overlap";
+    case Variant::kPersistent: return "+ persistent blocks";
   }
   return "unknown variant";
 }
@@ -224,6 +235,9 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
     case Variant::kPingPong:
       return launch_config<VariantPingPong>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
                                             causal, dtype, stream);
+    case Variant::kPersistent:
+      return launch_config<VariantIntraOverlap>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                                scale, causal, dtype, stream, true);
     default:
       return launch_config<VariantIntraOverlap>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
                                                 scale, causal, dtype, stream);

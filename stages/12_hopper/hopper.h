@@ -31,9 +31,10 @@ enum class Variant : int {
   kRegisterSplit,  // the producer is a warpgroup that gives its registers to the consumers (setmaxnreg)
   kPingPong,       // the two consumers take turns on the tensor cores (named barriers)
   kIntraOverlap,   // version B: and each overlaps its softmax with its previous P V product
+  kPersistent,     // version B with one block per SM taking work tiles in turn
 };
 // How many Variant values there are, kRegistered included.
-constexpr int kVariantCount = 6;
+constexpr int kVariantCount = 7;
 // The configuration forward() runs: version B, every piece switched on.
 constexpr Variant kRegisteredVariant = Variant::kIntraOverlap;
 

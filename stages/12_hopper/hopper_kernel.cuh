@@ -23,6 +23,10 @@
 //   the other's matrix products run. Two named barriers pass the turn.
 // - Inside a warpgroup (kIntraOverlap), the softmax of tile j runs while the product P_{j-1} V_{j-1}
 //   of the tile before is still on the tensor cores.
+// - Persistent blocks (a launch choice, not a configuration): one block per SM takes work tiles
+//   blockIdx.x, + gridDim.x, ... in the grid's order. The K/V ring and the Q buffer carry on from
+//   one work tile to the next, so the producer loads the next tile's Q and first K/V tiles while the
+//   consumers finish and store the last one; a "Q empty" barrier tells it when Q may be overwritten.
 // - The softmax itself is stage 10's: base 2, the scale inside the exp2's FFMA, a negative scale
 //   folded into Q in shared memory (which, between two async-proxy accesses, needs a proxy fence).
 //   It reads the scores and writes the probabilities straight into P's registers.
@@ -133,8 +137,8 @@ struct SharedLayout {
   static constexpr int kK = kQ + Config::kConsumers * kQBytes;
   static constexpr int kV = kK + Config::kStages * kKVBytes;
   static constexpr int kBarriers = kV + Config::kStages * kKVBytes;
-  // q_full, then k_full, v_full, k_empty, v_empty for each stage: 8 bytes each.
-  static constexpr int kNumBarriers = 1 + 4 * Config::kStages;
+  // q_full, q_empty, then k_full, v_full, k_empty, v_empty for each stage: 8 bytes each.
+  static constexpr int kNumBarriers = 2 + 4 * Config::kStages;
   static constexpr int kBytes = kBarriers + 8 * kNumBarriers;
   // Dynamic shared memory is only promised 16-byte alignment: ask for one atom more and round up.
   static constexpr size_t kDynamicBytes = static_cast<size_t>(kBytes) + kAtomBytes;
@@ -157,10 +161,11 @@ struct Smem {
   __device__ unsigned char* v(int s, int p) const { return base + L::kV + s * L::kKVBytes + p * L::kKVPanelBytes; }
   __device__ uint64_t* barriers() const { return reinterpret_cast<uint64_t*>(base + L::kBarriers); }
   __device__ uint64_t* q_full() const { return barriers(); }
-  __device__ uint64_t* k_full(int s) const { return barriers() + 1 + s; }
-  __device__ uint64_t* v_full(int s) const { return barriers() + 1 + Config::kStages + s; }
-  __device__ uint64_t* k_empty(int s) const { return barriers() + 1 + 2 * Config::kStages + s; }
-  __device__ uint64_t* v_empty(int s) const { return barriers() + 1 + 3 * Config::kStages + s; }
+  __device__ uint64_t* q_empty() const { return barriers() + 1; }
+  __device__ uint64_t* k_full(int s) const { return barriers() + 2 + s; }
+  __device__ uint64_t* v_full(int s) const { return barriers() + 2 + Config::kStages + s; }
+  __device__ uint64_t* k_empty(int s) const { return barriers() + 2 + 2 * Config::kStages + s; }
+  __device__ uint64_t* v_empty(int s) const { return barriers() + 2 + 3 * Config::kStages + s; }
 };
 
 // Descriptors (hopper.cuh explains the fields). Q and K are K-major (head_dim contiguous), so one
@@ -291,39 +296,59 @@ __device__ inline void issue_output(float (&o)[kHeadDim / 2], const uint32_t (&p
     hopper::wgmma_rs<Element, kHeadDim, 1>(o, p[ks], mn_major_descriptor<L::kKVPanelBytes>(v_panel0, ks), true);
 }
 
-// What a consumer warpgroup needs to know about its block.
+// The ring's n-th K/V tile of the block (counted over all its work tiles) goes to buffer n % kStages;
+// the buffer's barriers complete once per pass over the ring, so their phase is (n / kStages) % 2.
+template <int kStages>
+__device__ inline int ring_slot(int n) {
+  return n % kStages;
+}
+template <int kStages>
+__device__ inline uint32_t ring_parity(int n) {
+  return (n / kStages) & 1;
+}
+
+// What a consumer warpgroup needs to know about its work tile.
 struct ConsumerWork {
   int consumer;      // which consumer warpgroup, 0 or 1
-  int first_row;     // its first query row (the block's first row + 64 * consumer)
-  int num_tiles;     // K/V tiles of the block
+  int first_row;     // its first query row (the work tile's first row + 64 * consumer)
+  int num_tiles;     // K/V tiles of the work tile
+  int ring;          // K/V tiles the block's ring carried before this work tile
+  int q_round;       // Q tiles the block loaded before this one
   int seq_q, seq_kv;
   float scale_log2;  // softmax scale * log2(e), any sign
 };
 
-// The producer: one thread issues every copy of the block. Q once (each consumer's 64 rows, panel by
-// panel, all on q_full); then K and V tile by tile through the ring: wait until the consumers have
-// emptied the buffer (on the first pass every buffer is empty: parity 1 on a fresh barrier returns
-// at once), announce the tile's bytes on its full barrier, issue the copies. K and V have barriers
-// of their own, so that S = Q K^T can start while V is still in flight.
+// The producer: one thread issues every copy of a work tile: K and V tile by tile through the ring,
+// and Q (each consumer's 64 rows, panel by panel, all on q_full) right after the first K tile. For
+// each buffer: wait until the consumers have emptied it (on the first pass every buffer is empty:
+// parity 1 on a fresh barrier returns at once), announce the tile's bytes on its full barrier, issue
+// the copies. K and V have barriers of their own, so that S = Q K^T can start while V is still in
+// flight. Q waits for q_empty, the consumers' release of the last work tile's Q; K_0 goes first
+// because its buffer is free earlier (two K tiles before the end of the last work tile).
+// ring, q_round: as in ConsumerWork.
 template <typename Element, int kHeadDim, class Config>
 __device__ void produce(const Smem<Element, kHeadDim, Config>& sm, const CUtensorMap* q_map, const CUtensorMap* k_map,
-                        const CUtensorMap* v_map, int first_row, int q_head, int kv_head, int num_tiles) {
+                        const CUtensorMap* v_map, int first_row, int q_head, int kv_head, int num_tiles, int ring,
+                        int q_round) {
   using L = SharedLayout<kHeadDim, Config>;
   constexpr int kStages = Config::kStages;
-  mbarrier_arrive_expect_tx(sm.q_full(), Config::kConsumers * L::kQBytes);
-#pragma unroll
-  for (int c = 0; c < Config::kConsumers; ++c)
-#pragma unroll
-    for (int p = 0; p < L::kPanels; ++p)
-      tma_load_3d(sm.q(c, p), q_map, sm.q_full(), p * kPanelCols, first_row + c * kWgmmaM, q_head);
   for (int j = 0; j < num_tiles; ++j) {
-    const int s = j % kStages;
-    const uint32_t empty_parity = ((j / kStages) & 1) ^ 1;
+    const int s = ring_slot<kStages>(ring + j);
+    const uint32_t empty_parity = ring_parity<kStages>(ring + j) ^ 1;
     const int first_key = j * Config::kBlockCols;
     mbarrier_wait(sm.k_empty(s), empty_parity);
     mbarrier_arrive_expect_tx(sm.k_full(s), L::kKVBytes);
 #pragma unroll
     for (int p = 0; p < L::kPanels; ++p) tma_load_3d(sm.k(s, p), k_map, sm.k_full(s), p * kPanelCols, first_key, kv_head);
+    if (j == 0) {
+      mbarrier_wait(sm.q_empty(), (q_round & 1) ^ 1);
+      mbarrier_arrive_expect_tx(sm.q_full(), Config::kConsumers * L::kQBytes);
+#pragma unroll
+      for (int c = 0; c < Config::kConsumers; ++c)
+#pragma unroll
+        for (int p = 0; p < L::kPanels; ++p)
+          tma_load_3d(sm.q(c, p), q_map, sm.q_full(), p * kPanelCols, first_row + c * kWgmmaM, q_head);
+    }
     mbarrier_wait(sm.v_empty(s), empty_parity);
     mbarrier_arrive_expect_tx(sm.v_full(s), L::kKVBytes);
 #pragma unroll
@@ -382,11 +407,11 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
 
   float s[kBlockCols / 2] = {};
   uint32_t p[kBlockCols / 16][4];
-  mbarrier_wait(sm.q_full(), 0);
+  mbarrier_wait(sm.q_full(), w.q_round & 1);
   if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.consumer, thread);
   for (int j = 0; j < w.num_tiles; ++j) {
-    const int st = j % kStages;
-    const uint32_t full_parity = (j / kStages) & 1;
+    const int st = ring_slot<kStages>(w.ring + j);
+    const uint32_t full_parity = ring_parity<kStages>(w.ring + j);
     const int first_key = j * kBlockCols;
 
     mbarrier_wait(sm.k_full(st), full_parity);
@@ -415,6 +440,7 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
     fence_registers(p);
     release(sm.v_empty(st), lane);
   }
+  release(sm.q_empty(), lane);  // every product that reads Q has finished
 }
 
 // The overlapped consumer loop (version B). Iteration j issues S_j = Q K_j^T and, behind it,
@@ -451,21 +477,23 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
 
   float s[kBlockCols / 2] = {};
   Operand p_even = {}, p_odd = {};  // P of the even and of the odd tiles
-  mbarrier_wait(sm.q_full(), 0);
+  auto slot = [&](int j) { return ring_slot<kStages>(w.ring + j); };
+  auto parity = [&](int j) { return ring_parity<kStages>(w.ring + j); };
+  mbarrier_wait(sm.q_full(), w.q_round & 1);
   if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.consumer, thread);
   if (Config::kPingPong && w.consumer == 1) pass_turn(1);  // consumer 0 goes first
 
   // Tile 0: its scores, then its softmax into p_even; there is no product before it to overlap.
   {
-    mbarrier_wait(sm.k_full(0), 0);
+    mbarrier_wait(sm.k_full(slot(0)), parity(0));
     if (Config::kPingPong) wait_for_turn(w.consumer);
     wgmma_fence();
-    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.consumer, 0), sm.k(0, 0));
+    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.consumer, 0), sm.k(slot(0), 0));
     wgmma_commit_group();
     if (Config::kPingPong) pass_turn(w.consumer);
     wgmma_wait_group<0>();
     fence_registers(s);
-    release(sm.k_empty(0), lane);
+    release(sm.k_empty(slot(0)), lane);
     float rescale[2];  // of an output that is still zero: nothing to rescale
     softmax_tile<Element, kBlockCols, kCausal>(s, p_even, row_max2, row_sum, rescale, 0, row0, w.seq_kv, diagonal,
                                                mask_needed(0), positive_scale, t);
@@ -473,10 +501,10 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
 
   // Tile j: S_j and P_{j-1} V_{j-1} on the tensor cores, then the softmax of S_j into p_out.
   auto step = [&](int j, Operand& p_in, Operand& p_out) {
-    const int st = j % kStages, prev = (j - 1) % kStages;
+    const int st = slot(j), prev = slot(j - 1);
     const int first_key = j * kBlockCols;
-    mbarrier_wait(sm.k_full(st), (j / kStages) & 1);
-    mbarrier_wait(sm.v_full(prev), ((j - 1) / kStages) & 1);
+    mbarrier_wait(sm.k_full(st), parity(j));
+    mbarrier_wait(sm.v_full(prev), parity(j - 1));
     if (Config::kPingPong) wait_for_turn(w.consumer);
     wgmma_fence();
     issue_scores<Element, kHeadDim, Config>(s, sm.q(w.consumer, 0), sm.k(st, 0));
@@ -517,13 +545,13 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   // The last tile's O += P V. Its P is in p_odd when the last tile's index is odd: selected into
   // p_even without a branch (a wgmma on each side of one made ptxas serialize them, message C7520).
   const int last = w.num_tiles - 1;
-  const int st = last % kStages;
+  const int st = slot(last);
   const bool odd = last % 2 == 1;
 #pragma unroll
   for (int ks = 0; ks < kBlockCols / 16; ++ks)
 #pragma unroll
     for (int e = 0; e < 4; ++e) p_even[ks][e] = odd ? p_odd[ks][e] : p_even[ks][e];
-  mbarrier_wait(sm.v_full(st), (last / kStages) & 1);
+  mbarrier_wait(sm.v_full(st), parity(last));
   if (Config::kPingPong) wait_for_turn(w.consumer);
   wgmma_fence();
   issue_output<Element, kHeadDim, Config>(o, p_even, sm.v(st, 0));
@@ -533,6 +561,9 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   fence_registers(o);
   release(sm.v_empty(st), lane);
   if (Config::kPingPong && w.consumer == 0) wait_for_turn(0);  // consumer 1's last pass
+  // Q may be overwritten: every product that reads it has finished, and (ping-pong) consumer 0 has
+  // taken consumer 1's last pass, so the turns start the next work tile as they started this one.
+  release(sm.q_empty(), lane);
 }
 
 // O normalized and rounded to Element, lse in base e; rows past seq_q are not written. Each thread
@@ -559,10 +590,12 @@ __device__ inline void store_output(Element* o_head, float* lse_head, const floa
 
 }  // namespace kernel_detail
 
-// One block per (batch, query head, query tile of Config::kBlockRows rows), ordered as stage 10's
-// grid: causal runs the longest tiles of every head first. q_map, k_map, v_map: 3-D tensor maps
-// (head_dim, sequence, batch * heads) over q, k, v with boxes of (64, 64 or Bc, 1), 128-byte swizzle
-// (hopper.cu makes them). The K/V head of query head h is an index into k_map and v_map (GQA).
+// One work tile per (batch, query head, query tile of Config::kBlockRows rows), numbered as stage
+// 10's grid: causal runs the longest tiles of every head first. Block b takes work tiles b,
+// b + gridDim.x, ...: one each when the grid has a block per tile, several when it has one block per
+// SM (persistent). q_map, k_map, v_map: 3-D tensor maps (head_dim, sequence, batch * heads) over q,
+// k, v with boxes of (64, 64 or Bc, 1), 128-byte swizzle (hopper.cu makes them). The K/V head of
+// query head h is an index into k_map and v_map (GQA).
 template <typename Element, int kHeadDim, bool kCausal, class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
@@ -574,67 +607,93 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   extern __shared__ unsigned char shared_raw[];
   const Smem<Element, kHeadDim, Config> sm(shared_raw);
 
-  long long bh;
-  int q_tile;
-  if (kCausal) {
-    bh = blockIdx.x % num_heads_total;
-    q_tile = num_q_tiles - 1 - static_cast<int>(blockIdx.x / num_heads_total);
-  } else {
-    bh = blockIdx.x / num_q_tiles;
-    q_tile = static_cast<int>(blockIdx.x % num_q_tiles);
-  }
-  const int first_row = q_tile * Config::kBlockRows;
-  const int b = static_cast<int>(bh / heads_q);
-  const int h = static_cast<int>(bh % heads_q);
-  const int kv_head = b * heads_kv + flash::kv_head_of(h, heads_q, heads_kv);
-  const int last_row = min(first_row + Config::kBlockRows, seq_q) - 1;
-  const int key_end = kCausal ? min(seq_kv, flash::causal_key_end(last_row, seq_q, seq_kv)) : seq_kv;
-  const int num_tiles = key_end > 0 ? (key_end + Config::kBlockCols - 1) / Config::kBlockCols : 0;
-
   if (threadIdx.x == 0) {
     hopper::mbarrier_init(sm.q_full(), 1);  // the producer's arrive.expect_tx; the bytes complete it
+    hopper::mbarrier_init(sm.q_empty(), 4 * Config::kConsumers);  // one arrival per consumer warp
     for (int s = 0; s < Config::kStages; ++s) {
       hopper::mbarrier_init(sm.k_full(s), 1);
       hopper::mbarrier_init(sm.v_full(s), 1);
-      hopper::mbarrier_init(sm.k_empty(s), 4 * Config::kConsumers);  // one arrival per consumer warp
+      hopper::mbarrier_init(sm.k_empty(s), 4 * Config::kConsumers);
       hopper::mbarrier_init(sm.v_empty(s), 4 * Config::kConsumers);
     }
     hopper::fence_barrier_init();
   }
   __syncthreads();
 
+  // Work tile `tile`: which rows of which head, and how many K/V tiles they see.
+  struct WorkTile {
+    long long bh;  // batch * heads_q + query head
+    int first_row, kv_head, num_tiles;
+  };
+  auto work_tile = [&](long long tile) {
+    WorkTile t;
+    int q_tile;
+    if (kCausal) {
+      t.bh = tile % num_heads_total;
+      q_tile = num_q_tiles - 1 - static_cast<int>(tile / num_heads_total);
+    } else {
+      t.bh = tile / num_q_tiles;
+      q_tile = static_cast<int>(tile % num_q_tiles);
+    }
+    t.first_row = q_tile * Config::kBlockRows;
+    const int b = static_cast<int>(t.bh / heads_q);
+    const int h = static_cast<int>(t.bh % heads_q);
+    t.kv_head = b * heads_kv + flash::kv_head_of(h, heads_q, heads_kv);
+    const int last_row = min(t.first_row + Config::kBlockRows, seq_q) - 1;
+    const int key_end = kCausal ? min(seq_kv, flash::causal_key_end(last_row, seq_q, seq_kv)) : seq_kv;
+    t.num_tiles = key_end > 0 ? (key_end + Config::kBlockCols - 1) / Config::kBlockCols : 0;
+    return t;
+  };
+  const long long num_work_tiles = static_cast<long long>(num_heads_total) * num_q_tiles;
+  // Both roles walk the same work tiles and count the same K/V tiles (ring) and Q tiles (q_round),
+  // so their barrier phases agree without talking.
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (warpgroup == Config::kConsumers) {
     // The producer. With kRegisterSplit it is a whole warpgroup, all of which must execute
     // setmaxnreg; one thread issues the copies either way.
     if constexpr (Config::kRegisterSplit) hopper::setmaxnreg_dec<kProducerRegisters>();
-    if (threadIdx.x % kWarpgroupThreads == 0 && num_tiles > 0)
-      produce<Element, kHeadDim, Config>(sm, &q_map, &k_map, &v_map, first_row, static_cast<int>(bh), kv_head,
-                                         num_tiles);
+    if (threadIdx.x % kWarpgroupThreads != 0) return;
+    int ring = 0, q_round = 0;
+    for (long long tile = blockIdx.x; tile < num_work_tiles; tile += gridDim.x) {
+      const WorkTile t = work_tile(tile);
+      if (t.num_tiles == 0) continue;
+      produce<Element, kHeadDim, Config>(sm, &q_map, &k_map, &v_map, t.first_row, static_cast<int>(t.bh), t.kv_head,
+                                         t.num_tiles, ring, q_round);
+      ring += t.num_tiles;
+      ++q_round;
+    }
   } else {
     if constexpr (Config::kRegisterSplit) hopper::setmaxnreg_inc<kConsumerRegisters>();
-    ConsumerWork w;
-    w.consumer = warpgroup;
-    w.first_row = first_row + warpgroup * kWgmmaM;
-    w.num_tiles = num_tiles;
-    w.seq_q = seq_q;
-    w.seq_kv = seq_kv;
-    w.scale_log2 = scale_log2;
-    float acc_o[kHeadDim / 2] = {};
-    // Base-2 statistics of this thread's two rows: row_max2 = max of s * scale_log2, row_sum =
-    // this thread's share of sum 2^(s2 - row_max2), summed over the row's 4 threads at the end.
-    float row_max2[2] = {-INFINITY, -INFINITY};
-    float row_sum[2] = {0.0f, 0.0f};
-    if (num_tiles > 0) {
-      if constexpr (Config::kPingPong || Config::kIntraOverlap)
-        consume_overlapped<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum);
-      else
-        consume_in_order<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum);
+    int ring = 0, q_round = 0;
+    for (long long tile = blockIdx.x; tile < num_work_tiles; tile += gridDim.x) {
+      const WorkTile t = work_tile(tile);
+      ConsumerWork w;
+      w.consumer = warpgroup;
+      w.first_row = t.first_row + warpgroup * kWgmmaM;
+      w.num_tiles = t.num_tiles;
+      w.ring = ring;
+      w.q_round = q_round;
+      w.seq_q = seq_q;
+      w.seq_kv = seq_kv;
+      w.scale_log2 = scale_log2;
+      float acc_o[kHeadDim / 2] = {};
+      // Base-2 statistics of this thread's two rows: row_max2 = max of s * scale_log2, row_sum =
+      // this thread's share of sum 2^(s2 - row_max2), summed over the row's 4 threads at the end.
+      float row_max2[2] = {-INFINITY, -INFINITY};
+      float row_sum[2] = {0.0f, 0.0f};
+      if (t.num_tiles > 0) {
+        if constexpr (Config::kPingPong || Config::kIntraOverlap)
+          consume_overlapped<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum);
+        else
+          consume_in_order<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum);
+        ring += t.num_tiles;
+        ++q_round;
+      }
+      const int lane = threadIdx.x % 32;
+      const int row0 = w.first_row + 16 * ((threadIdx.x % kWarpgroupThreads) / 32) + lane / 4;
+      store_output<Element, kHeadDim>(o + t.bh * seq_q * kHeadDim, lse ? lse + t.bh * seq_q : nullptr, acc_o,
+                                      row_max2, row_sum, row0, seq_q, lane % 4);
     }
-    const int lane = threadIdx.x % 32;
-    const int row0 = w.first_row + 16 * ((threadIdx.x % kWarpgroupThreads) / 32) + lane / 4;
-    store_output<Element, kHeadDim>(o + bh * seq_q * kHeadDim, lse ? lse + bh * seq_q : nullptr, acc_o, row_max2,
-                                    row_sum, row0, seq_q, lane % 4);
   }
 #else
   // Compiled for another target: never launched (stage12::check_gpu refuses first).
