@@ -34,6 +34,7 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
               no committed run holds the whole block
   stage12-steps   from the same files: what each piece buys at N = 16384, and how far apart the two rows
               that time the registered kernel are
+  stage12-persistent  from the same files: version B against B with persistent blocks, every block
   ncu-stage12     Nsight Compute of stage 12's kernel at head_dim 64 and 128
               (bench/results/h100_ncu_stage12_dNN.csv and _tensor.csv)
   decode-bench    stage 13's decode family of the benchmark (bench/results/h100_bench_decode.json):
@@ -376,17 +377,20 @@ def variants_table():
 # (Nsight Compute of hopper_kernel), its sanitizer log and the full ctest log
 # ---------------------------------------------------------------------------------------------
 
-# The stage12-variants runs of the H100 (bench/results/RUNS.md, 2026-11-23, second session), first
-# the run a 150-second limit cut short, then the two complete runs at head_dim 128. A block (dtype,
-# head_dim, causal, N) is read from the last file here that holds all of its rows.
-VARIANTS12_FILES = ("h100_stage12_variants_cut.txt", "h100_stage12_variants_bf16_d128.txt",
-                    "h100_stage12_variants_fp16_d128.txt")
+# The stage12-variants runs of the H100 (bench/results/RUNS.md, 2026-11-23, third session): one per
+# dtype and head_dim, of the version with persistent blocks, each block's rows timed in interleaved
+# rounds. A block (dtype, head_dim, causal, N) is read from the last file here that holds all of its
+# rows. (h100_stage12_variants_cut.txt, the earlier version's first run, has no persistent row.)
+VARIANTS12_FILES = ("h100_stage12_variants_bf16_d128.txt", "h100_stage12_variants_fp16_d128.txt",
+                    "h100_stage12_variants_bf16_d64.txt", "h100_stage12_variants_fp16_d64.txt")
 VARIANTS12_LINE = re.compile(r"(bf16|fp16) d(\d+)\s+causal=(\d) N=(\d+)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) TFLOP/s")
-# The rows of one block, in the order the program times them; the ladder runs from A to B.
+# The rows of one block, in the order the program times them; the ladder runs from A to B, and
+# persistent blocks (B launched with one block per SM) come after it.
 VARIANTS12_ROWS = ("stage 10 as built", "stage 12 as built", "A: 1 consumer warpgroup, in order",
                    "+ 2 consumer warpgroups", "+ setmaxnreg (producer warpgroup)", "+ ping-pong",
-                   "+ intra-warpgroup overlap")
-VARIANTS12_LADDER = VARIANTS12_ROWS[2:]
+                   "+ intra-warpgroup overlap", "+ persistent blocks")
+VARIANTS12_LADDER = VARIANTS12_ROWS[2:-1]
+VARIANTS12_PERSISTENT = VARIANTS12_ROWS[-1]
 VARIANTS12_SEQS = (1024, 4096, 16384)
 
 
@@ -445,20 +449,8 @@ def variant12_same(block):
     """How far apart the two rows of the registered kernel are, in percent of the smaller time."""
     if not registered_is_last_rung():
         raise KeyError("stage 12's registered variant is no longer the ladder's last rung (hopper.h)")
-    a, b = block[variant_slug(VARIANTS12_ROWS[1])]["ms"], block[variant_slug(VARIANTS12_ROWS[-1])]["ms"]
+    a, b = block[variant_slug(VARIANTS12_ROWS[1])]["ms"], block[variant_slug(VARIANTS12_LADDER[-1])]["ms"]
     return 100 * abs(a - b) / min(a, b)
-
-
-def variant12_rerun():
-    """Every row measured in two runs (the cut run and a complete one): {(key, slug): percent apart}."""
-    first = load_variants12_file(VARIANTS12_FILES[0])
-    out = {}
-    for name in VARIANTS12_FILES[1:]:
-        for key, r in load_variants12_file(name).items():
-            if key in first:
-                a, b = first[key]["ms"], r["ms"]
-                out[key] = 100 * abs(a - b) / min(a, b)
-    return out
 
 
 def stage12_variants_table(head_dim):
@@ -484,9 +476,10 @@ def stage12_variants_table(head_dim):
     files = " and ".join(f"`bench/results/{s}`" for s in sorted(sources)) or "no file"
     lines.append("")
     lines.append(f"Forward TFLOP/s at head_dim {head_dim} on the FlashAttention grid (B·N = 16384, H·d = 2048), "
-                 "each row one `stage12::Variant` timed after the row above it in the same process (median of "
-                 "20 CUDA-event timings after 3 warm-up calls, `bench/stage12_variants.cu`). \"stage 12 as built\" "
-                 "is the registered configuration, the same kernel as \"+ intra-warpgroup overlap\". \"not run\": "
+                 "each row one `stage12::Variant`, the rows of a shape timed in 3 interleaved rounds of 10 CUDA-event "
+                 "timings after 3 warm-up calls, the median round reported (`bench/stage12_variants.cu`). "
+                 "\"stage 12 as built\" is the registered configuration, the same kernel as \"+ intra-warpgroup "
+                 "overlap\"; \"+ persistent blocks\" is that kernel launched with one block per SM. \"not run\": "
                  f"no complete block in the committed runs. From {files} (commands: `bench/results/RUNS.md`).")
     return "\n".join(lines)
 
@@ -510,12 +503,40 @@ def stage12_steps_table(n=16384):
         row(name.replace("setmaxnreg", "`setmaxnreg`"), lambda b, s=variant_slug(name): f"{variant12_step(b, s):.2f}")
     ladder = [variant_slug(v) for v in VARIANTS12_LADDER]
     row("A to B, all four", lambda b: f"{b[ladder[0]]['ms'] / b[ladder[-1]]['ms']:.2f}")
+    row("B, then persistent blocks", lambda b: f"{b[ladder[-1]]['ms'] / b[variant_slug(VARIANTS12_PERSISTENT)]['ms']:.2f}")
     row("the registered kernel timed twice: rows apart", lambda b: f"{variant12_same(b):.1f}%")
     lines.append("")
     lines.append(f"N = {n}; each step is the time of the row above over the row's own (above 1: the piece "
                  "helps). The last row compares the two rows that time the same kernel (\"stage 12 as built\" "
                  "and \"+ intra-warpgroup overlap\") in the same block: steps smaller than it are not resolved "
                  "by this program. From the runs of the tables above.")
+    return "\n".join(lines)
+
+
+def stage12_persistent_table():
+    """Version B against B with persistent blocks at every N, dtype, head_dim and causal setting, with
+    the spread of the block (the two rows of the registered kernel)."""
+    blocks = load_variants12()
+    b_slug, p_slug = variant_slug(VARIANTS12_LADDER[-1]), variant_slug(VARIANTS12_PERSISTENT)
+    lines = ["| dtype | head_dim | causal | " + " | ".join(f"N={n}" for n in VARIANTS12_SEQS) + " |",
+             "|---|---|---|" + "---|" * len(VARIANTS12_SEQS)]
+    for tag in ("bf16", "fp16"):
+        for d in (64, 128):
+            for causal in (False, True):
+                cells = []
+                for n in VARIANTS12_SEQS:
+                    found = blocks.get((tag, d, causal, n))
+                    if not found:
+                        cells.append("not run")
+                        continue
+                    b, p = found[1][b_slug], found[1][p_slug]
+                    cells.append(f"{b['tflops']:.1f} → {p['tflops']:.1f} ({b['ms'] / p['ms']:.2f}x; spread "
+                                 f"{variant12_same(found[1]):.1f}%)")
+                lines.append(f"| {tag} | {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Forward TFLOP/s of version B, then of version B with persistent blocks, from the variant runs "
+                 "above; in parentheses B's time over the persistent one's (above 1: persistent is faster) and the "
+                 "block's spread, how far apart its two rows of the registered kernel are.")
     return "\n".join(lines)
 
 
@@ -1239,7 +1260,8 @@ def tables():
     # gets the table's name in MISSING, which --check reports with the file, as for the ablation.
     stage12 = {"stage12-variants-d64": lambda: stage12_variants_table(64),
                "stage12-variants-d128": lambda: stage12_variants_table(128),
-               "stage12-steps": stage12_steps_table, "ncu-stage12": ncu_stage12_table,
+               "stage12-steps": stage12_steps_table, "stage12-persistent": stage12_persistent_table,
+               "ncu-stage12": ncu_stage12_table,
                "stage12-compare": stage12_compare_table}
     for name, make in stage12.items():
         try:
@@ -1393,16 +1415,16 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       variant12/TAG/dD/cC/N/SLUG/tflops|ms   a row of stage 12's variants (TAG: bf16, fp16) from the committed
                                         run that holds the whole block (VARIANTS12_FILES); SLUG as for variant,
                                         e.g. stage12asbuilt, a1consumerwarpgroupinorder, 2consumerwarpgroups,
-                                        setmaxnregproducerwarpgroup, pingpong, intrawarpgroupoverlap
-      variant12-first/TAG/dD/cC/N/SLUG/tflops|ms   the same row in the first run (the one the time limit cut)
+                                        setmaxnregproducerwarpgroup, pingpong, intrawarpgroupoverlap,
+                                        persistentblocks
       variant12-step/TAG/dD/cC/N/SLUG   what the rung SLUG buys: the time of the rung before it (ladder A .. B)
                                         over its own
       variant12-total/TAG/dD/cC/N       version A's time over version B's
+      variant12-persistent/TAG/dD/cC/N  version B's time over B's with persistent blocks
       variant12-same/TAG/dD/cC/N        how far apart, in % of the smaller time, the two rows that time the
                                         registered kernel are ("stage 12 as built", "+ intra-warpgroup overlap";
                                         refused if hopper.h registers another variant)
       variant12-same-max/all|dD         the largest of those over every complete block
-      variant12-rerun-max/all|dD        the largest difference, in %, of a row measured in two runs
       ncu12/dD/WHAT                     stage 12's profile (h100_ncu_stage12_dD.csv, _tensor.csv), the mean over
                                         the launches: time-ms, tensor-pct, gmma-pct, gmma-inst, sm-pct, mem-pct,
                                         dram-pct, warps-pct, registers (NCU12_METRICS); tflops (FlashAttention
@@ -1671,27 +1693,23 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         d, causal, n, slug, what = int(parts[1][1:]), parts[2] == "c1", int(parts[3]), parts[4], parts[5]
         row = load_variants()[(d, causal, n, slug)]
         return f"{row['tflops']:.1f}" if what == "tflops" else f"{row['ms']:.3f}"
-    if kind in ("variant12", "variant12-first", "variant12-step", "variant12-total", "variant12-same"):
+    if kind in ("variant12", "variant12-step", "variant12-total", "variant12-same", "variant12-persistent"):
         tag, d, causal, n = parts[1], int(parts[2][1:]), parts[3] == "c1", int(parts[4])
-        if kind == "variant12-first":  # a row of the first run (the one the time limit cut)
-            row = load_variants12_file(VARIANTS12_FILES[0])[(tag, d, causal, n, parts[5])]
-            return f"{row['tflops']:.1f}" if parts[6] == "tflops" else f"{row['ms']:.3f}"
         block = variants12_block(load_variants12(), tag, d, causal, n)
         if kind == "variant12":
             row = block[parts[5]]
             return f"{row['tflops']:.1f}" if parts[6] == "tflops" else f"{row['ms']:.3f}"
         if kind == "variant12-step":
             return f"{variant12_step(block, parts[5]):.2f}"
+        ladder = [variant_slug(v) for v in VARIANTS12_LADDER]
         if kind == "variant12-total":
-            ladder = [variant_slug(v) for v in VARIANTS12_LADDER]
             return f"{block[ladder[0]]['ms'] / block[ladder[-1]]['ms']:.2f}"
+        if kind == "variant12-persistent":
+            return f"{block[ladder[-1]]['ms'] / block[variant_slug(VARIANTS12_PERSISTENT)]['ms']:.2f}"
         return f"{variant12_same(block):.1f}"
-    if kind in ("variant12-same-max", "variant12-rerun-max"):  # .../all or .../dD
-        if kind == "variant12-rerun-max":
-            spread = [x for key, x in variant12_rerun().items() if parts[1] == "all" or key[1] == int(parts[1][1:])]
-        else:
-            spread = [variant12_same(b) for key, (_, b) in load_variants12().items()
-                      if parts[1] == "all" or key[1] == int(parts[1][1:])]
+    if kind == "variant12-same-max":  # .../all or .../dD
+        spread = [variant12_same(b) for key, (_, b) in load_variants12().items()
+                  if parts[1] == "all" or key[1] == int(parts[1][1:])]
         if not spread:
             raise KeyError(spec)
         return f"{max(spread):.1f}"
