@@ -261,7 +261,7 @@ size_t forward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, i
 
 namespace {
 
-// forward (num_splits 0: choose_splits decides) and forward_with_splits (num_splits checked).
+// forward (choose: choose_splits decides, num_splits unused) and forward_with_splits (num_splits, checked).
 flash::Status forward_contiguous(bool choose, int num_splits, const void* q, const void* k, const void* v, void* o,
                                  float* lse, int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim,
                                  float scale, bool causal, flash::DType dtype, void* workspace, size_t workspace_bytes,
