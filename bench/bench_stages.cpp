@@ -231,34 +231,9 @@ constexpr int kDecodePageSize = 64;
 const std::vector<std::pair<int, int>> kDecodeShapes = {{1, 131072}, {8, 32768}, {64, 4096}};
 const std::vector<int> kDecodeSweep = {1024, 4096, 16384, 65536, 262144, 1 << 20};
 
-// A device buffer twice the size of L2, read before every timed call (bench::read_through_l2): the
-// call then finds none of its K and V in L2, as a decode step does when every layer reads a cache of
-// its own, and no dirty line of the flush is left for it to write back.
-class L2Flush {
-  // Used if the device reports no L2 size: more than the largest L2 of the GPUs the course targets
-  // (the H100's 50 MiB).
-  static constexpr size_t kFallbackL2Bytes = size_t{64} << 20;
-
- public:
-  L2Flush() {
-    int device = 0, l2 = 0;
-    harness::cuda_check(cudaGetDevice(&device), "cudaGetDevice");
-    harness::cuda_check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute");
-    buffer_ = harness::DeviceBuffer<unsigned char>(2 * (l2 > 0 ? static_cast<size_t>(l2) : kFallbackL2Bytes));
-    harness::cuda_check(cudaMemset(buffer_.get(), 0, buffer_.bytes()), "cudaMemset");
-  }
-  void operator()() const {
-    bench::read_through_l2(buffer_.get(), buffer_.bytes(), nullptr);
-    harness::cuda_check(cudaGetLastError(), "read_through_l2");
-  }
-
- private:
-  harness::DeviceBuffer<unsigned char> buffer_;
-};
-
 // time_iterations with L2 flushed before each call (outside the timed events).
 double time_cold_iterations(benchmark::State& state, const std::function<flash::Status()>& call) {
-  static const L2Flush flush;
+  static const bench::L2Flush flush;
   return time_iterations(state, call, [] { flush(); });
 }
 

@@ -6,7 +6,6 @@
 //   build/bin/stage13-splits
 // L2 is emptied before every timed call (bench::read_through_l2), as compare.py --decode does: a
 // decode call reads its cache from HBM.
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -43,15 +42,10 @@ int main() {
     std::fprintf(stderr, "stage13-splits: %s\n", why.c_str());
     return kExitNoGpu;
   }
-  int device = 0, num_sms = 0, l2_bytes = 0;
+  int device = 0, num_sms = 0;
   harness::cuda_check(cudaGetDevice(&device), "cudaGetDevice");
   harness::cuda_check(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device), "SM count");
-  harness::cuda_check(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device), "L2 size");
-  harness::DeviceBuffer<unsigned char> flush(2 * static_cast<size_t>(l2_bytes));
-  harness::cuda_check(cudaMemset(flush.get(), 0, flush.bytes()), "cudaMemset");
-  cudaEvent_t start, stop;
-  harness::cuda_check(cudaEventCreate(&start), "cudaEventCreate");
-  harness::cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
+  const bench::L2Flush flush;
 
   for (const Shape& shape : kShapes) {
     harness::Problem p;
@@ -82,23 +76,10 @@ int main() {
           std::exit(1);
         }
       };
-      for (int i = 0; i < kWarmup; ++i) call();
-      std::vector<float> ms(kRuns);
-      for (float& t : ms) {
-        bench::read_through_l2(flush.get(), flush.bytes(), nullptr);
-        harness::cuda_check(cudaEventRecord(start), "cudaEventRecord");
-        call();
-        harness::cuda_check(cudaEventRecord(stop), "cudaEventRecord");
-        harness::cuda_check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-        harness::cuda_check(cudaEventElapsedTime(&t, start, stop), "cudaEventElapsedTime");
-      }
-      std::sort(ms.begin(), ms.end());
-      const double median_us = ms[kRuns / 2] * 1e3;
+      const double median_us = harness::time_cuda(call, kWarmup, kRuns, nullptr, [&] { flush(); }).median_ms * 1e3;
       std::printf("  splits %3d  blocks %4d  %8.1f us  %6.0f GB/s%s\n", splits, p.batch * p.heads_kv * splits,
                   median_us, kv_bytes / (median_us * 1e3), splits == chosen ? "  <- choose_splits" : "");
     }
   }
-  harness::cuda_check(cudaEventDestroy(start), "cudaEventDestroy");
-  harness::cuda_check(cudaEventDestroy(stop), "cudaEventDestroy");
   return 0;
 }

@@ -235,7 +235,8 @@ std::vector<float> gather_rows(const std::vector<float>& x, const std::vector<lo
   return out;
 }
 
-Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cudaStream_t stream) {
+Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cudaStream_t stream,
+                 const std::function<void()>& before_each) {
   for (int i = 0; i < warmup; ++i) launch();
   cuda_check(cudaStreamSynchronize(stream), "warm-up");
   cudaEvent_t start, stop;
@@ -243,6 +244,7 @@ Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cuda
   cuda_check(cudaEventCreate(&stop), "cudaEventCreate");
   std::vector<double> ms(runs);
   for (int i = 0; i < runs; ++i) {
+    if (before_each) before_each();
     cuda_check(cudaEventRecord(start, stream), "cudaEventRecord");
     launch();
     cuda_check(cudaEventRecord(stop, stream), "cudaEventRecord");

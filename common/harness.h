@@ -229,7 +229,9 @@ struct Timing {
 };
 // Times `launch` with CUDA events: `warmup` untimed runs, then `runs` (at least 1) timed ones, each
 // between its own pair of events on `stream`, which is where launch must enqueue its work.
-Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cudaStream_t stream = nullptr);
+// `before_each`, when given, runs before every timed run, outside its events (an L2 flush).
+Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cudaStream_t stream = nullptr,
+                 const std::function<void()>& before_each = {});
 // Times several launches that are to be compared, in `rounds` interleaved rounds: each round times
 // every launch in turn with time_cuda(launch, warmup, runs_per_round). A launch's median_ms is the
 // median of its rounds' medians, its min_ms the fastest run of all. A GPU's clock drifts over a long

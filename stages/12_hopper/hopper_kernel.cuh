@@ -324,7 +324,7 @@ struct ConsumerWork {
 // parity 1 on a fresh barrier returns at once), announce the tile's bytes on its full barrier, issue
 // the copies. K and V have barriers of their own, so that S = Q K^T can start while V is still in
 // flight. Q waits for q_empty, the consumers' release of the last work tile's Q; K_0 goes first
-// because its buffer is free earlier (two K tiles before the end of the last work tile).
+// because its buffer is free earlier (kStages K tiles before the end of the last work tile).
 // ring, q_round: as in ConsumerWork.
 template <typename Element, int kHeadDim, class Config>
 __device__ void produce(const Smem<Element, kHeadDim, Config>& sm, const CUtensorMap* q_map, const CUtensorMap* k_map,
