@@ -177,7 +177,9 @@ struct KeyTileShared {
   Element v[Config::kBlockCols][kHeadDim];
   Element q[kStages][Config::kBlockRows][kHeadDim];
   Element d_o[kStages][Config::kBlockRows][kHeadDim];
-  Element ds[kAtomicDq ? Config::kBlockCols : 1][Config::kBlockRows];  // dS^T [key][query]
+  // dS^T [key][query], one per step parity: a warp may write step + 1's while another still reads
+  // step's, since no barrier closes a step (the next step's first barrier is the one that orders them).
+  Element ds[kStages][kAtomicDq ? Config::kBlockCols : 1][Config::kBlockRows];
   float lse2[kStages][Config::kBlockRows];  // base-2 lse of the tile's rows (+inf: no contribution)
   float d[kStages][Config::kBlockRows];     // D of the tile's rows
 };
@@ -315,15 +317,13 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
 
   for (int step = 0; step < num_steps; ++step) {
     const int buf = step % kStages;
-    if (step + 1 < num_steps) {
-      // Buffer 1 - buf was last read in step - 1, before the barrier that closed it.
-      prefetch(step + 1, 1 - buf);
-      cp_async_commit();
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();  // this step's copies (every thread's) and its lse2 and D are visible
+    cp_async_wait<0>();  // this thread's copies of this step (the only group in flight) have landed
+    // One barrier per step, plus dS's below. It makes this step's copies, lse2 and D visible, and
+    // every warp has left step - 1, so buffer 1 - buf (read in step - 1) may be refilled now, while
+    // this step computes.
+    __syncthreads();
+    if (step + 1 < num_steps) prefetch(step + 1, 1 - buf);
+    cp_async_commit();
     const long long bh = step_head(step);
     const int first_row = step_first_row(step);
 
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
         for (int half = 0; half < 2; ++half) {
           const int r = warp_key + group + 8 * half;
           const int c = rb * kMmaN + 2 * thread_in_group;
-          *reinterpret_cast<uint32_t*>(&tile.ds[r][swizzled<kBlockRows>(r, c)]) =
+          *reinterpret_cast<uint32_t*>(&tile.ds[buf][r][swizzled<kBlockRows>(r, c)]) =
               pack2<Element>(dp[rb][2 * half], dp[rb][2 * half + 1]);
         }
       __syncthreads();  // every warp's dS^T is in shared memory
@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
         // (keys 8-15, queries 8-15): a[0..3] of the mma.
         uint32_t a[4];
         const int ra = ks * kMmaK + (lane / 16) * 8 + lane % 8;
-        ldmatrix_x4_trans(a, &tile.ds[ra][swizzled<kBlockRows>(ra, row_tile * kMmaM + ((lane / 8) % 2) * 8)]);
+        ldmatrix_x4_trans(a, &tile.ds[buf][ra][swizzled<kBlockRows>(ra, row_tile * kMmaM + ((lane / 8) % 2) * 8)]);
 #pragma unroll
         for (int nb = 0; nb < kDqBlocks; nb += 2) {
           uint32_t b[4];
@@ -425,7 +425,6 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
           red_add_f32x2(dst + nb * kMmaN, acc_dq[nb][2 * half], acc_dq[nb][2 * half + 1]);
       }
     }
-    __syncthreads();  // every warp is done with buffer buf (and dS^T) before they are refilled
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits (num_steps = 0: K and V)
 
