@@ -47,6 +47,9 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   stage11-backward-bf16, stage11-backward-fp16  stage 11's backward (both modes) against FlashAttention-2
               (sdpa-flash) and cuDNN: TFLOP/s, stage11 / flash and stage11-det / stage11 per cell, with
               their geometric means over N >= 1024 (from compare_h100_bf16.json, compare_h100_fp16.json)
+  stage11-steps  dk_dv_kernel's changes of the fourth session of 2026-11-23, one after the other
+              (bench/results/h100_stage11_steps.txt, flash-stages-bench rounds): ms per backward call,
+              the fastest round of each version, and each version's speed over the one before
   ncu-stage11 each kernel of one stage 11 backward call at head_dim 64 and 128 (Nsight Compute, first
               call): time, registers, warps active, SM, tensor pipe, busiest memory unit and DRAM
               throughput, share of the call (h100_ncu_stage11_dD.csv and _tensor.csv)
@@ -1117,6 +1120,63 @@ def backward_tc_table(tag):
     return "\n".join(lines)
 
 
+# stage11-steps: (version, label) in the order the lesson takes them; each is compared with the one
+# before it, in the call that timed both (h100_stage11_steps.txt says which call timed which).
+STAGE11_STEPS = (("two-barriers", "two barriers"), ("one-barrier", "one barrier"),
+                 ("br64", "larger step"), ("two-blocks", "2 blocks per SM"))
+
+
+def stage11_steps_table():
+    """dk_dv_kernel's measured changes: per cell, each version's fastest round (ms per backward call), and
+    its speed over the version it is compared with, timed in the same call: one-barrier over two-barriers
+    (call 2), br64 and two-blocks over one-barrier (call 3)."""
+    path = RESULTS / "h100_stage11_steps.txt"
+    best = {}  # (call, version) -> {(d, causal, n): ms}
+    call = version = None
+    for line in path.read_text().splitlines():
+        m = re.match(r"## call (\d+) round \d+: (\S+)", line)
+        if m:
+            call, version = int(m[1]), m[2]
+            continue
+        m = re.match(r"stage11_backward_tc/bf16/d(\d+)/causal(\d)/backward/seq:(\d+) ([\d.]+)", line)
+        if m:
+            key = (int(m[1]), m[2] == "1", int(m[3]))
+            cell = best.setdefault((call, version), {})
+            cell[key] = min(cell.get(key, float("inf")), float(m[4]))
+    pairs = ((2, "one-barrier", "two-barriers"), (3, "br64", "one-barrier"), (3, "two-blocks", "one-barrier"))
+    label = dict(STAGE11_STEPS)
+    lines = ["| d | causal | N | " + " | ".join(f"{label[v]} (ms)" for v, _ in STAGE11_STEPS) + " | " +
+             " | ".join(f"{label[num]} / {label[den]}" for _, num, den in pairs) + " |",
+             "|---|---|---|" + "---|" * (len(STAGE11_STEPS) + len(pairs))]
+    keys = sorted(best[(2, "two-barriers")])
+    gains = [[] for _ in pairs]
+    for key in keys:
+        d, causal, n = key
+        times = [best[(2, "two-barriers")][key], best[(2, "one-barrier")][key], best[(3, "br64")][key],
+                 best[(3, "two-blocks")][key]]
+        ratios = []
+        for i, (c, num, den) in enumerate(pairs):
+            r = best[(c, den)][key] / best[(c, num)][key]
+            gains[i].append(r)
+            ratios.append(f"{r:.2f}x")
+        lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | " + " | ".join(f"{t:.3f}" for t in times) +
+                     " | " + " | ".join(ratios) + " |")
+    lines.append("| geometric mean | | | " + " | " * (len(STAGE11_STEPS) - 1) + " | " +
+                 " | ".join(f"{geo_mean(g):.2f}x" for g in gains) + " |")
+    lines.append("")
+    lines.append("dk_dv_kernel's changes, bf16, default mode, one backward call on the benchmark's problem "
+                 "(B·N = 16384, H·d = 2048), NVIDIA H100 80GB HBM3. Two barriers: the kernel before this change, "
+                 "$B_r$ = 32 at head_dim 128; one barrier: one barrier per step, $dS^\\top$ double-buffered; larger "
+                 "step: one barrier with $B_r$ = 64 at head_dim 128 (kept) and 128 at head_dim 64 (not kept: 162 KiB "
+                 "of shared memory); 2 blocks per SM: one barrier with 4 warps ($B_c$ = 64) per block, $B_r$ as "
+                 "one barrier's. Each figure is the faster of two interleaved rounds, each round "
+                 "`flash-stages-bench`'s median. A ratio compares two versions timed in the same "
+                 "call (call 2: one barrier against two; call 3: the two shapes against one barrier), so the "
+                 "columns of different calls are not ratios of each other. From "
+                 "`bench/results/h100_stage11_steps.txt`; the commands are in `bench/results/RUNS.md`.")
+    return "\n".join(lines)
+
+
 # The columns of the per-kernel profile of a stage (scripts: the ncu command of bench/results/RUNS.md):
 # short name -> (metric, label, decimals). "tensor" comes from the _tensor file of the same run.
 NCU_STAGE_COLUMNS = {
@@ -1251,7 +1311,8 @@ def tables():
            "decode-bench": decode_bench_table(), "decode-compare": decode_compare_table(),
            "decode-splits-1-131072": decode_splits_table(1, 131072),
            "decode-splits-8-32768": decode_splits_table(8, 32768),
-           "stage11-backward-bf16": backward_tc_table("bf16"), "stage11-backward-fp16": backward_tc_table("fp16")}
+           "stage11-backward-bf16": backward_tc_table("bf16"), "stage11-backward-fp16": backward_tc_table("fp16"),
+           "stage11-steps": stage11_steps_table()}
     if all((RESULTS / f"h100_ncu_stage11_d{d}{s}.csv").exists() for d in (64, 128) for s in ("", "_tensor")):
         out["ncu-stage11"] = ncu_stage_table(11)
     else:
