@@ -5,10 +5,11 @@ Emulates the warp-level paths of stages/11_backward_tc/backward_tc_kernel.cuh fr
 definitions of ldmatrix (.x4, .x4.trans) and mma.m16n8k16 (the layouts drawn in tensor_core.cuh):
 a swizzled shared tile, the addresses each lane passes, the registers each lane receives, the mma's
 A, B and accumulator fragments. It checks, with small integers (exact in floating point), that
-  warp_gemm_abt      gives S^T = K Q^T (and S = Q K^T of dq_kernel),
-  warp_gemm_acc_b    gives P^T dO from P^T's accumulators as A operands (and dQ += dS K of dq_kernel),
-  the dS^T store and its ldmatrix.trans read-back give dk_dv_kernel's share of dQ = dS K,
-for the kernel's tile shapes. The index expressions are copied from the kernel file: change them
+  warp_tile_abt      gives dk_dv_kernel's 32 x 32 warp tiles of S = Q K^T,
+  the P store and warp_tile_ab's ldmatrix.trans read-back give its dV = P^T dO (and dK = dS^T Q),
+  warp_tile_ab without the transpose gives its share of dQ = dS K,
+  warp_gemm_abt and warp_gemm_acc_b give dq_kernel's S = Q K^T and dQ += dS K,
+for the kernels' tile shapes. The index expressions are copied from the kernel file: change them
 there, change them here. A CPU test (ctest -L stage11); the GPU sweep is what proves the kernel.
 """
 import random
@@ -84,46 +85,66 @@ def acc_matrix(acc,rows,nb):  # accumulator layout -> 16 x nb*8 matrix (rows is 
 def rnd(r,c): return [[random.randint(-3,3) for _ in range(c)] for _ in range(r)]
 def close(X,Y): return all(abs(x-y)<1e-9 for xr,yr in zip(X,Y) for x,y in zip(xr,yr))
 
-for D,BR,WARPS in [(32,64,8),(64,64,8),(128,32,8),(64,32,4)]:
-    BC=16*WARPS
+def warp_tile_abt(MT,NB,DIM,a_tile,a_row,b_tile,b_row):
+    acc=[zeros(NB) for _ in range(MT)]
+    for ks in range(DIM//16):
+        a=[ldmatrix(a_tile,lambda l:(a_row+m*16+l%16, ks*16+(l//16)*8),False) for m in range(MT)]
+        for nb in range(0,NB,2):
+            b=ldmatrix(b_tile,lambda l:(b_row+nb*8+(l//16)*8+l%8, ks*16+((l//8)%2)*8),False)
+            for m in range(MT):
+                sub0=[x[nb] for x in acc[m]]; sub1=[x[nb+1] for x in acc[m]]
+                mma(sub0,a[m],[b[L][0] for L in range(32)],[b[L][1] for L in range(32)])
+                mma(sub1,a[m],[b[L][2] for L in range(32)],[b[L][3] for L in range(32)])
+    return acc
+def warp_tile_ab(MT,NB,KK,a_trans,a_tile,a_row,b_tile,b_col):
+    acc=[zeros(NB) for _ in range(MT)]
+    for ks in range(KK//16):
+        if a_trans:
+            a=[ldmatrix(a_tile,lambda l:(ks*16+(l//16)*8+l%8, a_row+m*16+((l//8)%2)*8),True) for m in range(MT)]
+        else:
+            a=[ldmatrix(a_tile,lambda l:(a_row+m*16+l%16, ks*16+(l//16)*8),False) for m in range(MT)]
+        for nb in range(0,NB,2):
+            b=ldmatrix(b_tile,lambda l:(ks*16+((l//8)%2)*8+l%8, b_col+nb*8+(l//16)*8),True)
+            for m in range(MT):
+                sub0=[x[nb] for x in acc[m]]; sub1=[x[nb+1] for x in acc[m]]
+                mma(sub0,a[m],[b[L][0] for L in range(32)],[b[L][1] for L in range(32)])
+                mma(sub1,a[m],[b[L][2] for L in range(32)],[b[L][3] for L in range(32)])
+    return acc
+def tile_matrix(acc,nb):  # [m-tile][lane][n-block][4] -> (16 * m-tiles) x nb*8 matrix
+    return [row for a in acc for row in acc_matrix(a,16,nb)]
+
+BR,BC,WARPS=64,128,8
+for D in (32,64,128):
     K=rnd(BC,D); Q=rnd(BR,D); DO=rnd(BR,D)
     kt=Tile(BC,D); kt.fill(K); qt=Tile(BR,D); qt.fill(Q); dot=Tile(BR,D); dot.fill(DO)
-    dst=Tile(BC,BR)
-    dS_full=[[None]*BR for _ in range(BC)]
+    pt=Tile(BR,BC)
+    S_ref=[[sum(Q[i][c]*K[j][c] for c in range(D)) for j in range(BC)] for i in range(BR)]
     for w in range(WARPS):
-        wk=16*w
-        s=warp_gemm_abt(BR//8,D,kt,wk,qt)
-        S=acc_matrix(s,16,BR//8)
-        ref=[[sum(K[wk+i][c]*Q[j][c] for c in range(D)) for j in range(BR)] for i in range(16)]
-        assert close(S,ref),("S^T",D,BR,w)
-        # use S^T as "P^T" and check dV-style product P^T dO
-        dv=warp_gemm_acc_b(BR,D//8,dot,0,s)
-        ref2=[[sum(ref[i][j]*DO[j][c] for j in range(BR)) for c in range(D)] for i in range(16)]
-        assert close(acc_matrix(dv,16,D//8),ref2),("dV",D,BR,w)
-        # dS^T store (as the kernel writes it) from s
-        for L in range(32):
-            g,t=L//4,L%4
-            for rb in range(BR//8):
+        score_row,score_col=(w//4)*32,(w%4)*32
+        s=warp_tile_abt(2,4,D,qt,score_row,kt,score_col)
+        assert close(tile_matrix(s,4),[r[score_col:score_col+32] for r in S_ref[score_row:score_row+32]]),("S",D,w)
+        # the P store (S standing in for P), as the kernel writes it
+        for m in range(2):
+            for L in range(32):
+                g,t=L//4,L%4
                 for h in range(2):
-                    r=wk+g+8*h; c=rb*8+2*t
-                    dst.set(r,c,s[L][rb][2*h]); dst.set(r,c+1,s[L][rb][2*h+1])
-                    dS_full[r][c]=s[L][rb][2*h]; dS_full[r][c+1]=s[L][rb][2*h+1]
-    assert all(x is not None for row in dst.phys for x in row)
-    # dQ share: dS (= dS_full^T) times K
-    rowtiles=BR//16; groups=WARPS//rowtiles; dqb=(D//8)//groups
+                    for nb in range(4):
+                        row=score_row+m*16+g+8*h; col=score_col+nb*8+2*t
+                        pt.set(row,col,s[m][L][nb][2*h]); pt.set(row,col+1,s[m][L][nb][2*h+1])
+    assert all(x is not None for row in pt.phys for x in row)
+    # dV = P^T dO: 32 keys x d/2 per warp, P read transposed
     for w in range(WARPS):
-        rt=w%rowtiles; cg=w//rowtiles; fd=cg*dqb*8
-        acc=zeros(dqb)
-        for ks in range(BC//16):
-            a=ldmatrix(dst,lambda l:(ks*16+(l//16)*8+l%8, rt*16+((l//8)%2)*8),True)
-            for nb in range(0,dqb,2):
-                b=ldmatrix(kt,lambda l:(ks*16+((l//8)%2)*8+l%8, fd+nb*8+(l//16)*8),True)
-                sub0=[x[nb] for x in acc]; sub1=[x[nb+1] for x in acc]
-                mma(sub0,a,[b[L][0] for L in range(32)],[b[L][1] for L in range(32)])
-                mma(sub1,a,[b[L][2] for L in range(32)],[b[L][3] for L in range(32)])
-        M=acc_matrix(acc,16,dqb)
-        ref=[[sum(dS_full[key][rt*16+i]*K[key][fd+c] for key in range(BC)) for c in range(dqb*8)] for i in range(16)]
-        assert close(M,ref),("dQ share",D,BR,w)
+        grad_key,grad_dim=(w%4)*32,(w//4)*(D//2)
+        dv=warp_tile_ab(2,D//16,BR,True,pt,grad_key,dot,grad_dim)
+        ref=[[sum(S_ref[i][key]*DO[i][grad_dim+c] for i in range(BR)) for c in range(D//2)] for key in range(grad_key,grad_key+32)]
+        assert close(tile_matrix(dv,D//16),ref),("dV",D,w)
+    # dQ share = dS K (S standing in for dS), dS read as stored
+    wc=min(4,D//16); wr=WARPS//wc; mt=BR//16//wr; nbq=D//8//wc
+    for w in range(WARPS):
+        dq_row,dq_dim=(w//wc)*mt*16,(w%wc)*nbq*8
+        dq=warp_tile_ab(mt,nbq,BC,False,pt,dq_row,kt,dq_dim)
+        ref=[[sum(S_ref[i][key]*K[key][dq_dim+c] for key in range(BC)) for c in range(nbq*8)] for i in range(dq_row,dq_row+16*mt)]
+        assert close(tile_matrix(dq,nbq),ref),("dQ share",D,w)
     print("dk_dv fragment paths OK", D, BR, WARPS)
 
 # dq_kernel: S = Q K^T per warp, then dQ += S K (acc as A, K transposed)

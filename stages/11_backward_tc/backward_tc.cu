@@ -11,27 +11,20 @@ namespace {
 constexpr int kMinComputeCapability = 80;  // mma.sync with bf16, ldmatrix, cp.async (sm_80)
 constexpr int kRowDotThreads = 256;        // row_dot_kernel and convert_dq_kernel
 
-// One shape per head_dim. dk_dv_kernel: KeyTileConfig<warps (16 keys each), query rows per step,
-// blocks per SM>; dq_kernel (deterministic mode): QueryTileConfig<warps (16 rows each), keys per
-// tile, blocks per SM>. 128 keys per block as FlashAttention-2's backward, 64 query rows per step:
-// the shapes lesson 11 measured on the H100, where the registers they take leave one block per SM.
+// One shape for every head_dim. dk_dv_kernel: KeyTileConfig<warps, query rows per step, blocks per
+// SM>; dq_kernel (deterministic mode): QueryTileConfig<warps (16 rows each), keys per tile, blocks per
+// SM>. 128 keys per block and 64 query rows per step, as FlashAttention-2's backward; the registers
+// they take leave one block per SM.
 template <int kHeadDim>
 struct Shapes {
   using KeyTile = KeyTileConfig<8, 64, 1>;
   using QueryTile = QueryTileConfig<4, 64, 1>;
 };
-// At head_dim 128 each lane already holds 128 accumulators of dK and dV, and 64 query rows per step
-// spill 24-64 bytes per thread (-Xptxas -v). They are kept: measured on the H100, the spills cost less
-// than 32-row steps, which read K and V from shared memory twice as often per query row (lesson 11).
-template <>
-struct Shapes<128> {
-  using KeyTile = KeyTileConfig<8, 64, 1>;
-  using QueryTile = QueryTileConfig<4, 64, 1>;
-};
 
-template <typename Element, int kHeadDim, bool kAtomicDq>
+// dk_dv_kernel's shared memory is the same in both modes (P and dS pass through it either way).
+template <typename Element, int kHeadDim>
 constexpr size_t key_tile_shared_bytes() {
-  return sizeof(kernel_detail::KeyTileShared<Element, kHeadDim, typename Shapes<kHeadDim>::KeyTile, kAtomicDq>);
+  return sizeof(kernel_detail::KeyTileShared<Element, kHeadDim, typename Shapes<kHeadDim>::KeyTile>);
 }
 
 template <typename Element, int kHeadDim>
@@ -46,8 +39,7 @@ size_t d_bytes(long long rows) { return (static_cast<size_t>(rows) * sizeof(floa
 template <int kHeadDim>
 size_t shared_bytes_for(bool deterministic) {
   // The shapes do not depend on the dtype: both 16-bit types give the same sizes.
-  const size_t key_tile = deterministic ? key_tile_shared_bytes<__half, kHeadDim, false>()
-                                        : key_tile_shared_bytes<__half, kHeadDim, true>();
+  const size_t key_tile = key_tile_shared_bytes<__half, kHeadDim>();
   const size_t query_tile = deterministic ? query_tile_shared_bytes<__half, kHeadDim>() : 0;
   return key_tile > query_tile ? key_tile : query_tile;
 }
@@ -70,8 +62,7 @@ flash::Status launch(const Element* q, const Element* k, const Element* v, const
                                              : dk_dv_kernel<Element, kHeadDim, true, true, KeyTile>)
                             : (deterministic ? dk_dv_kernel<Element, kHeadDim, false, false, KeyTile>
                                              : dk_dv_kernel<Element, kHeadDim, false, true, KeyTile>);
-  const size_t dk_dv_bytes = deterministic ? key_tile_shared_bytes<Element, kHeadDim, false>()
-                                           : key_tile_shared_bytes<Element, kHeadDim, true>();
+  const size_t dk_dv_bytes = key_tile_shared_bytes<Element, kHeadDim>();
   const auto dq_pass = causal ? dq_kernel<Element, kHeadDim, true, QueryTile>
                               : dq_kernel<Element, kHeadDim, false, QueryTile>;
   constexpr size_t kDqBytes = query_tile_shared_bytes<Element, kHeadDim>();

@@ -9,14 +9,14 @@
 //   2. dk_dv_kernel, one block per K/V tile (Bc keys) of one K/V head: K_j and V_j stay in shared memory,
 //      dK_j and dV_j in registers, while the block streams every query tile that can see the keys (of
 //      every query head of the GQA group, so dK and dV of a group are summed in registers, in a fixed
-//      order, with no atomics). Each warp owns 16 keys, and every product is computed transposed, with
-//      the keys as the rows of the mma:
-//        S^T = K Q^T,  P^T = exp2(S^T * scale log2 e - lse log2 e),  dP^T = V dO^T,
-//        dV += P^T dO,  dS^T = P^T o (dP^T - D),  dK += dS^T Q,
-//      so that P^T and dS^T, fp32 accumulators, become the A operands of the next mma without leaving
-//      registers (stage 08's trick for P, in the other direction). In the default mode the block also
-//      computes its share of dQ, dS K: dS^T goes through shared memory (the one product whose rows are
-//      queries), and the share is added into the fp32 accumulator with red.global.add.f32.
+//      order, with no atomics). Per query tile the warps compute
+//        S = Q K^T,  P = exp2(S * scale log2 e - lse log2 e),  dP = dO V^T,  dS = P o (dP - D)
+//      in 32 x 32 warp tiles (FlashAttention-2's two-dimensional warp grid: each warp reads 32 rows of
+//      each operand per k-step, not the whole query tile), write P and dS to shared memory, and after a
+//      barrier read them back, transposed, as the A operands of
+//        dV += P^T dO,  dK += dS^T Q     (32 keys x d/2 dims per warp)
+//      and, in the default mode, as stored for the block's share of dQ, dS K, added into the fp32
+//      accumulator with red.global.add.f32.
 //   3a. default mode, convert_dq_kernel: dQ = scale * accumulator, rounded to the dtype.
 //   3b. deterministic mode, dq_kernel: no atomics. dk_dv_kernel leaves dQ alone and this kernel,
 //      one block per query tile, streams the K/V tiles the way the forward does and recomputes
@@ -31,12 +31,12 @@
 
 namespace stage11 {
 
-// The shape of dk_dv_kernel: kWarps warps of 16 keys each (Bc = 16 * kWarps keys per block), and
-// Br = kBlockRows query rows per step of the loop over query tiles.
+// The shape of dk_dv_kernel: kWarps warps, Bc = 16 * kWarps keys per block, and Br = kBlockRows query
+// rows per step of the loop over query tiles (the kernel's warp grids are written for 8 warps, 64 x 128).
 template <int kWarps_, int kBlockRows_, int kMinBlocksPerSm_>
 struct KeyTileConfig {
   static constexpr int kWarps = kWarps_;
-  static constexpr int kBlockCols = 16 * kWarps_;  // Bc: keys per block, one 16-row m-tile per warp
+  static constexpr int kBlockCols = 16 * kWarps_;  // Bc: keys per block
   static constexpr int kBlockRows = kBlockRows_;   // Br: query rows per step
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;  // __launch_bounds__: caps registers per thread
 };
@@ -168,18 +168,83 @@ __device__ void warp_gemm_acc_b(float (&acc)[kNBlocks][4], const float (&a_acc)[
   }
 }
 
+// acc[m][nb] += A_m B^T for a warp tile of kMTiles m-tiles (16 rows each, from a_row of a_tile) by
+// kNBlocks n-blocks (8 rows each of b_tile, from b_row), both stored [row][kDim] and swizzled. Each
+// k-step loads every A and B fragment once: a tile of 32 x 32 reads 64 rows per k-step for 32 x 32
+// outputs, where warp_gemm_abt's 16 x 64 reads 80 (S = Q K^T and dP = dO V^T in dk_dv_kernel).
+template <int kMTiles, int kNBlocks, int kDim, typename Element>
+__device__ void warp_tile_abt(float (&acc)[kMTiles][kNBlocks][4], Element (*a_tile)[kDim], int a_row,
+                              Element (*b_tile)[kDim], int b_row, int lane) {
+  static_assert(kNBlocks % 2 == 0, "B operands are loaded two n-blocks at a time (ldmatrix.x4)");
+#pragma unroll
+  for (int ks = 0; ks < kDim / kMmaK; ++ks) {
+    uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+      const int ra = a_row + m * kMmaM + lane % 16;
+      ldmatrix_x4(a[m], &a_tile[ra][swizzled<kDim>(ra, ks * kMmaK + (lane / 16) * 8)]);
+    }
+#pragma unroll
+    for (int nb = 0; nb < kNBlocks; nb += 2) {
+      uint32_t b[4];
+      const int rb = b_row + nb * kMmaN + (lane / 16) * 8 + lane % 8;
+      ldmatrix_x4(b, &b_tile[rb][swizzled<kDim>(rb, ks * kMmaK + ((lane / 8) % 2) * 8)]);
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        mma_m16n8k16<Element>(acc[m][nb], a[m], b[0], b[1]);
+        mma_m16n8k16<Element>(acc[m][nb + 1], a[m], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc[m][nb] += A_m B for a warp tile, both operands from shared memory: A (kMTiles m-tiles from
+// row a_row, k over kK) stored [row][k] (ldmatrix) or, kATransposed, [k][row] (ldmatrix.trans); B
+// (k over kK, kNBlocks n-blocks from column b_col) stored [k][n] (ldmatrix.trans). dV += P^T dO and
+// dK += dS^T Q read P and dS, stored [query][key], transposed; dQ += dS K reads dS as stored.
+template <int kMTiles, int kNBlocks, int kK, bool kATransposed, int kAWidth, int kBWidth, typename Element>
+__device__ void warp_tile_ab(float (&acc)[kMTiles][kNBlocks][4], Element (*a_tile)[kAWidth], int a_row,
+                             Element (*b_tile)[kBWidth], int b_col, int lane) {
+  static_assert(kNBlocks % 2 == 0, "B operands are loaded two n-blocks at a time (ldmatrix.x4.trans)");
+#pragma unroll
+  for (int ks = 0; ks < kK / kMmaK; ++ks) {
+    uint32_t a[kMTiles][4];
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+      if constexpr (kATransposed) {
+        // Matrices 0-3: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
+        const int rk = ks * kMmaK + (lane / 16) * 8 + lane % 8;
+        ldmatrix_x4_trans(a[m], &a_tile[rk][swizzled<kAWidth>(rk, a_row + m * kMmaM + ((lane / 8) % 2) * 8)]);
+      } else {
+        const int ra = a_row + m * kMmaM + lane % 16;
+        ldmatrix_x4(a[m], &a_tile[ra][swizzled<kAWidth>(ra, ks * kMmaK + (lane / 16) * 8)]);
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < kNBlocks; nb += 2) {
+      uint32_t b[4];
+      const int rb = ks * kMmaK + ((lane / 8) % 2) * 8 + lane % 8;
+      ldmatrix_x4_trans(b, &b_tile[rb][swizzled<kBWidth>(rb, b_col + nb * kMmaN + (lane / 16) * 8)]);
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        mma_m16n8k16<Element>(acc[m][nb], a[m], b[0], b[1]);
+        mma_m16n8k16<Element>(acc[m][nb + 1], a[m], b[2], b[3]);
+      }
+    }
+  }
+}
+
 // The shared memory of dk_dv_kernel. K and V for the whole block; Q and dO (with their rows' lse and
-// D) double-buffered so that query tile i + 1 is copied while i is computed; dS^T only where dQ is
-// accumulated from this kernel.
-template <typename Element, int kHeadDim, class Config, bool kAtomicDq>
+// D) double-buffered so that query tile i + 1 is copied while i is computed; P and dS of the step,
+// [query][key], written by the warps that compute them and read by the warps that multiply them.
+template <typename Element, int kHeadDim, class Config>
 struct KeyTileShared {
   Element k[Config::kBlockCols][kHeadDim];
   Element v[Config::kBlockCols][kHeadDim];
   Element q[kStages][Config::kBlockRows][kHeadDim];
   Element d_o[kStages][Config::kBlockRows][kHeadDim];
-  // dS^T [key][query], one per step parity: a warp may write step + 1's while another still reads
-  // step's, since no barrier closes a step (the next step's first barrier is the one that orders them).
-  Element ds[kStages][kAtomicDq ? Config::kBlockCols : 1][Config::kBlockRows];
+  Element p[Config::kBlockRows][Config::kBlockCols];
+  Element ds[Config::kBlockRows][Config::kBlockCols];
   float lse2[kStages][Config::kBlockRows];  // base-2 lse of the tile's rows (+inf: no contribution)
   float d[kStages][Config::kBlockRows];     // D of the tile's rows
 };
@@ -239,21 +304,22 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
                  const float* d_rows, float* dq_accum, Element* dk, Element* dv, int heads_q, int heads_kv,
                  int seq_q, int seq_kv, float scale, float scale_log2, int num_k_tiles, int num_kv_heads_total) {
   using namespace kernel_detail;
-  using Shared = KeyTileShared<Element, kHeadDim, Config, kAtomicDq>;
+  using Shared = KeyTileShared<Element, kHeadDim, Config>;
   constexpr int kThreads = Config::kWarps * 32;
   constexpr int kBlockRows = Config::kBlockRows;  // Br
   constexpr int kBlockCols = Config::kBlockCols;  // Bc
-  constexpr int kRowBlocks = kBlockRows / kMmaN;  // accumulator n-blocks of S^T and dP^T per lane
-  constexpr int kDimBlocks = kHeadDim / kMmaN;    // accumulator n-blocks of dK and dV per lane
-  // dQ's share, [Br x d]: warp w takes m-tile w % kRowTiles and a kDqBlocks-wide group of n-blocks.
-  constexpr int kRowTiles = kBlockRows / kMmaM;
-  constexpr int kColGroups = Config::kWarps / kRowTiles;
-  constexpr int kDqBlocks = kColGroups > 0 ? kDimBlocks / kColGroups : 1;
-  static_assert(kBlockRows % kMmaK == 0 && kBlockRows >= kMmaK, "whole 16-row query steps");
-  static_assert(kRowBlocks % 2 == 0 && kDimBlocks % 2 == 0, "n-blocks in pairs (ldmatrix.x4)");
-  static_assert(!kAtomicDq || (Config::kWarps % kRowTiles == 0 && kColGroups > 0 && kDimBlocks % kColGroups == 0 &&
-                               kDqBlocks % 2 == 0),
-                "the warps tile dQ's share exactly, in pairs of n-blocks");
+  // The warps tile each product in two dimensions (FlashAttention-2's backward):
+  //   S, dP [Br x Bc]: 2 x 4 warps of 32 queries x 32 keys;
+  //   dV, dK [Bc x d]: 4 x 2 warps of 32 keys x d/2 dims, held in registers for the whole block;
+  //   dQ's share [Br x d]: kDqWarpRows x kDqWarpCols warps.
+  static_assert(Config::kWarps == 8 && kBlockRows == 64 && kBlockCols == 128, "the warp grids below: 8 warps, 64 x 128");
+  constexpr int kScoreMTiles = 2, kScoreNBlocks = 4;           // 32 x 32 of S and dP per warp
+  constexpr int kGradMTiles = 2, kGradNBlocks = kHeadDim / 16;  // 32 keys x d/2 of dK and dV per warp
+  constexpr int kDqWarpCols = kHeadDim / 16 < 4 ? kHeadDim / 16 : 4;
+  constexpr int kDqWarpRows = Config::kWarps / kDqWarpCols;
+  constexpr int kDqMTiles = kBlockRows / kMmaM / kDqWarpRows;
+  constexpr int kDqNBlocks = kHeadDim / kMmaN / kDqWarpCols;
+  static_assert(kGradNBlocks % 2 == 0 && kDqNBlocks % 2 == 0 && kDqMTiles >= 1, "n-blocks in pairs (ldmatrix.x4)");
   static_assert(sizeof(Shared) % 16 == 0 && sizeof(Element) == 2, "16-bit elements, 16-byte rows");
   extern __shared__ uint4 shared_raw[];
   Shared& tile = *reinterpret_cast<Shared*>(shared_raw);
@@ -262,7 +328,10 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   const int lane = threadIdx.x % 32;
   const int group = lane / 4;            // g: accumulator rows g and g + 8
   const int thread_in_group = lane % 4;  // t: accumulator columns 2t and 2t + 1
-  const int warp_key = warp * kMmaM;     // the warp's 16 keys, as rows of the tile
+  const int score_row = (warp / 4) * 32;  // the warp's 32 queries of S and dP
+  const int score_col = (warp % 4) * 32;  // and its 32 keys
+  const int grad_key = (warp % 4) * 32;   // the warp's 32 keys of dK and dV
+  const int grad_dim = (warp / 4) * (kHeadDim / 2);  // and its d/2 dims
 
   // Causal: K/V tile by tile across every head, the first tile (seen by every query row: the most
   // work) of every head first. Not causal: head by head, so blocks that stream the same Q and dO
@@ -312,8 +381,8 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   if (num_steps > 0) prefetch(0, 0);
   cp_async_commit();  // K, V and the first query tile: one group
 
-  float acc_dk[kDimBlocks][4] = {};
-  float acc_dv[kDimBlocks][4] = {};
+  float acc_dk[kGradMTiles][kGradNBlocks][4] = {};
+  float acc_dv[kGradMTiles][kGradNBlocks][4] = {};
 
   for (int step = 0; step < num_steps; ++step) {
     const int buf = step % kStages;
@@ -327,103 +396,70 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
     const long long bh = step_head(step);
     const int first_row = step_first_row(step);
 
-    // S^T = K_j Q_i^T: the warp's 16 keys against the Br query rows.
-    float s[kRowBlocks][4] = {};
-    warp_gemm_abt<kRowBlocks, kHeadDim, Element>(s, tile.k, warp_key, tile.q[buf], lane);
+    // S = Q_i K_j^T and dP = dO_i V_j^T, 32 x 32 per warp.
+    float s[kScoreMTiles][kScoreNBlocks][4] = {};
+    warp_tile_abt<kScoreMTiles, kScoreNBlocks, kHeadDim, Element>(s, tile.q[buf], score_row, tile.k, score_col, lane);
+    float dp[kScoreMTiles][kScoreNBlocks][4] = {};
+    warp_tile_abt<kScoreMTiles, kScoreNBlocks, kHeadDim, Element>(dp, tile.d_o[buf], score_row, tile.v, score_col,
+                                                                  lane);
 
-    // P^T = 2^(S^T * scale log2 e - lse2), masked only on the tiles that need it: keys past seq_kv,
-    // and (causal) tiles whose first query row does not see their last key.
+    // P = 2^(S * scale log2 e - lse2), masked only on the tiles that need it; dS = P o (dP - D). Both
+    // go to shared memory, rounded to Element (the operands of the products below), two keys per
+    // 4-byte store.
     const bool needs_mask = first_key + kBlockCols > seq_kv ||
                             (kCausal && first_key + kBlockCols - 1 > first_row + diagonal);
 #pragma unroll
-    for (int rb = 0; rb < kRowBlocks; ++rb) {
-      const int col = rb * kMmaN + 2 * thread_in_group;  // this lane's query rows col, col + 1 of the tile
-      const float2 l2 = *reinterpret_cast<const float2*>(&tile.lse2[buf][col]);
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[rb][2 * half + e];
-          float p = exp2_approx(fmaf(x, scale_log2, -(e == 0 ? l2.x : l2.y)));
-          if (needs_mask) {
-            const int key = first_key + warp_key + group + 8 * half;
-            const int query = first_row + col + e;
-            if (key >= seq_kv || (kCausal && key > query + diagonal)) p = 0.0f;
-          }
-          x = p;
-        }
-    }
-
-    // dP^T = V_j dO_i^T.
-    float dp[kRowBlocks][4] = {};
-    warp_gemm_abt<kRowBlocks, kHeadDim, Element>(dp, tile.v, warp_key, tile.d_o[buf], lane);
-
-    // dV_j += P^T dO_i: P^T straight from its accumulators into A operands.
-    warp_gemm_acc_b<kBlockRows, kDimBlocks, kHeadDim, Element>(acc_dv, s, tile.d_o[buf], 0, lane);
-
-    // dS^T = P^T o (dP^T - D), D per query row: per accumulator column.
-#pragma unroll
-    for (int rb = 0; rb < kRowBlocks; ++rb) {
-      const int col = rb * kMmaN + 2 * thread_in_group;
-      const float2 d_pair = *reinterpret_cast<const float2*>(&tile.d[buf][col]);
+    for (int m = 0; m < kScoreMTiles; ++m)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        dp[rb][2 * half] = s[rb][2 * half] * (dp[rb][2 * half] - d_pair.x);
-        dp[rb][2 * half + 1] = s[rb][2 * half + 1] * (dp[rb][2 * half + 1] - d_pair.y);
+        const int row = score_row + m * kMmaM + group + 8 * half;  // query row of the tile
+        const float row_lse2 = tile.lse2[buf][row];
+        const float row_d = tile.d[buf][row];
+#pragma unroll
+        for (int nb = 0; nb < kScoreNBlocks; ++nb) {
+          const int col = score_col + nb * kMmaN + 2 * thread_in_group;  // key of the tile
+          float p[2], ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            p[e] = exp2_approx(fmaf(s[m][nb][2 * half + e], scale_log2, -row_lse2));
+            if (needs_mask) {
+              const int key = first_key + col + e;
+              if (key >= seq_kv || (kCausal && key > first_row + row + diagonal)) p[e] = 0.0f;
+            }
+            ds[e] = p[e] * (dp[m][nb][2 * half + e] - row_d);
+          }
+          *reinterpret_cast<uint32_t*>(&tile.p[row][swizzled<kBlockCols>(row, col)]) = pack2<Element>(p[0], p[1]);
+          *reinterpret_cast<uint32_t*>(&tile.ds[row][swizzled<kBlockCols>(row, col)]) = pack2<Element>(ds[0], ds[1]);
+        }
       }
-    }
+    // Every warp's P and dS are in shared memory. No barrier closes the step: the next step writes P
+    // and dS only after its first barrier, which every warp reaches after its last read of them here.
+    __syncthreads();
 
-    // dK_j += dS^T Q_i (scaled once, at the end).
-    warp_gemm_acc_b<kBlockRows, kDimBlocks, kHeadDim, Element>(acc_dk, dp, tile.q[buf], 0, lane);
+    // dV_j += P^T dO_i and dK_j += dS^T Q_i (scaled once, at the end): 32 keys x d/2 per warp.
+    warp_tile_ab<kGradMTiles, kGradNBlocks, kBlockRows, true, kBlockCols, kHeadDim, Element>(
+        acc_dv, tile.p, grad_key, tile.d_o[buf], grad_dim, lane);
+    warp_tile_ab<kGradMTiles, kGradNBlocks, kBlockRows, true, kBlockCols, kHeadDim, Element>(
+        acc_dk, tile.ds, grad_key, tile.q[buf], grad_dim, lane);
 
     if constexpr (kAtomicDq) {
-      // dQ_i += dS K_j has query rows, which the warps hold as columns: dS^T goes through shared
-      // memory ([key][query], swizzled, two queries per 4-byte store), and each warp reads back its
-      // part of dS with ldmatrix.trans.
+      // dQ_i += dS K_j, this block's share, added into the fp32 accumulator.
+      const int dq_row = (warp / kDqWarpCols) * kDqMTiles * kMmaM;
+      const int dq_dim = (warp % kDqWarpCols) * kDqNBlocks * kMmaN;
+      float acc_dq[kDqMTiles][kDqNBlocks][4] = {};
+      warp_tile_ab<kDqMTiles, kDqNBlocks, kBlockCols, false, kBlockCols, kHeadDim, Element>(acc_dq, tile.ds, dq_row,
+                                                                                            tile.k, dq_dim, lane);
 #pragma unroll
-      for (int rb = 0; rb < kRowBlocks; ++rb)
+      for (int m = 0; m < kDqMTiles; ++m)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int r = warp_key + group + 8 * half;
-          const int c = rb * kMmaN + 2 * thread_in_group;
-          *reinterpret_cast<uint32_t*>(&tile.ds[buf][r][swizzled<kBlockRows>(r, c)]) =
-              pack2<Element>(dp[rb][2 * half], dp[rb][2 * half + 1]);
+          const int row = first_row + dq_row + m * kMmaM + group + 8 * half;
+          if (row >= seq_q) continue;
+          float* dst = dq_accum + (bh * seq_q + row) * kHeadDim + dq_dim + 2 * thread_in_group;
+#pragma unroll
+          for (int nb = 0; nb < kDqNBlocks; ++nb)
+            red_add_f32x2(dst + nb * kMmaN, acc_dq[m][nb][2 * half], acc_dq[m][nb][2 * half + 1]);
         }
-      __syncthreads();  // every warp's dS^T is in shared memory
-
-      const int row_tile = warp % kRowTiles;  // the warp's 16 query rows of the tile
-      const int col_group = warp / kRowTiles;
-      const int first_dim = col_group * kDqBlocks * kMmaN;
-      float acc_dq[kDqBlocks][4] = {};
-      // At head_dim 128, where dK and dV take 128 registers per lane, the loop is not unrolled: the
-      // unrolled one holds every step's addresses and spills (-Xptxas -v).
-      constexpr int kDqUnroll = kHeadDim >= 128 ? 1 : kBlockCols / kMmaK;
-#pragma unroll kDqUnroll
-      for (int ks = 0; ks < kBlockCols / kMmaK; ++ks) {
-        // A = dS rows row_tile * 16.., keys ks * 16..: stored transposed, so ldmatrix.trans. Matrices
-        // 0-3 are (keys 0-7, queries 0-7), (keys 0-7, queries 8-15), (keys 8-15, queries 0-7),
-        // (keys 8-15, queries 8-15): a[0..3] of the mma.
-        uint32_t a[4];
-        const int ra = ks * kMmaK + (lane / 16) * 8 + lane % 8;
-        ldmatrix_x4_trans(a, &tile.ds[buf][ra][swizzled<kBlockRows>(ra, row_tile * kMmaM + ((lane / 8) % 2) * 8)]);
-#pragma unroll
-        for (int nb = 0; nb < kDqBlocks; nb += 2) {
-          uint32_t b[4];
-          const int rb = ks * kMmaK + ((lane / 8) % 2) * 8 + lane % 8;
-          ldmatrix_x4_trans(b, &tile.k[rb][swizzled<kHeadDim>(rb, first_dim + nb * kMmaN + (lane / 16) * 8)]);
-          mma_m16n8k16<Element>(acc_dq[nb], a, b[0], b[1]);
-          mma_m16n8k16<Element>(acc_dq[nb + 1], a, b[2], b[3]);
-        }
-      }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = first_row + row_tile * kMmaM + group + 8 * half;
-        if (row >= seq_q) continue;
-        float* dst = dq_accum + (bh * seq_q + row) * kHeadDim + first_dim + 2 * thread_in_group;
-#pragma unroll
-        for (int nb = 0; nb < kDqBlocks; ++nb)
-          red_add_f32x2(dst + nb * kMmaN, acc_dq[nb][2 * half], acc_dq[nb][2 * half + 1]);
-      }
     }
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits (num_steps = 0: K and V)
@@ -431,18 +467,20 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   // dK = scale * dS^T Q and dV, rounded to Element; every key of the tile is written, zeros for keys
   // no query sees (causal).
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int key = first_key + warp_key + group + 8 * half;
-    if (key >= seq_kv) continue;
-    const long long offset = (kv_head * seq_kv + key) * kHeadDim + 2 * thread_in_group;
+  for (int m = 0; m < kGradMTiles; ++m)
 #pragma unroll
-    for (int db = 0; db < kDimBlocks; ++db) {
-      *reinterpret_cast<uint32_t*>(dk + offset + db * kMmaN) =
-          pack2<Element>(acc_dk[db][2 * half] * scale, acc_dk[db][2 * half + 1] * scale);
-      *reinterpret_cast<uint32_t*>(dv + offset + db * kMmaN) =
-          pack2<Element>(acc_dv[db][2 * half], acc_dv[db][2 * half + 1]);
+    for (int half = 0; half < 2; ++half) {
+      const int key = first_key + grad_key + m * kMmaM + group + 8 * half;
+      if (key >= seq_kv) continue;
+      const long long offset = (kv_head * seq_kv + key) * kHeadDim + grad_dim + 2 * thread_in_group;
+#pragma unroll
+      for (int nb = 0; nb < kGradNBlocks; ++nb) {
+        *reinterpret_cast<uint32_t*>(dk + offset + nb * kMmaN) =
+            pack2<Element>(acc_dk[m][nb][2 * half] * scale, acc_dk[m][nb][2 * half + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dv + offset + nb * kMmaN) =
+            pack2<Element>(acc_dv[m][nb][2 * half], acc_dv[m][nb][2 * half + 1]);
+      }
     }
-  }
 }
 
 // 3a. dQ = scale * the fp32 accumulator, rounded to Element; 8 elements (two float4 in, one uint4
