@@ -17,7 +17,7 @@ constexpr int kRowDotThreads = 256;        // row_dot_kernel and convert_dq_kern
 // they take leave one block per SM.
 template <int kHeadDim>
 struct Shapes {
-  using KeyTile = KeyTileConfig<8, 64, 1>;
+  using KeyTile = KeyTileConfig<8, kHeadDim == 64 ? 128 : 64, 1>;
   using QueryTile = QueryTileConfig<4, 64, 1>;
 };
 

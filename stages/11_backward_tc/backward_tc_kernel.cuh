@@ -312,10 +312,10 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   //   S, dP [Br x Bc]: 2 x 4 warps of 32 queries x 32 keys;
   //   dV, dK [Bc x d]: 4 x 2 warps of 32 keys x d/2 dims, held in registers for the whole block;
   //   dQ's share [Br x d]: kDqWarpRows x kDqWarpCols warps.
-  static_assert(Config::kWarps == 8 && kBlockRows == 64 && kBlockCols == 128, "the warp grids below: 8 warps, 64 x 128");
-  constexpr int kScoreMTiles = 2, kScoreNBlocks = 4;           // 32 x 32 of S and dP per warp
+  static_assert(Config::kWarps == 8 && kBlockRows % 32 == 0 && kBlockCols == 128, "the warp grids below: 8 warps, Br x 128");
+  constexpr int kScoreMTiles = kBlockRows / 32, kScoreNBlocks = 4;  // Br/2 x 32 of S and dP per warp
   constexpr int kGradMTiles = 2, kGradNBlocks = kHeadDim / 16;  // 32 keys x d/2 of dK and dV per warp
-  constexpr int kDqWarpCols = kHeadDim / 16 < 4 ? kHeadDim / 16 : 4;
+  constexpr int kDqWarpCols = kHeadDim == 32 || kBlockRows > kHeadDim ? 2 : 4;
   constexpr int kDqWarpRows = Config::kWarps / kDqWarpCols;
   constexpr int kDqMTiles = kBlockRows / kMmaM / kDqWarpRows;
   constexpr int kDqNBlocks = kHeadDim / kMmaN / kDqWarpCols;
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   const int lane = threadIdx.x % 32;
   const int group = lane / 4;            // g: accumulator rows g and g + 8
   const int thread_in_group = lane % 4;  // t: accumulator columns 2t and 2t + 1
-  const int score_row = (warp / 4) * 32;  // the warp's 32 queries of S and dP
+  const int score_row = (warp / 4) * (kBlockRows / 2);  // the warp's Br/2 queries of S and dP
   const int score_col = (warp % 4) * 32;  // and its 32 keys
   const int grad_key = (warp % 4) * 32;   // the warp's 32 keys of dK and dV
   const int grad_dim = (warp / 4) * (kHeadDim / 2);  // and its d/2 dims
