@@ -5,7 +5,7 @@ Emulates the warp-level paths of stages/11_backward_tc/backward_tc_kernel.cuh fr
 definitions of ldmatrix (.x4, .x4.trans) and mma.m16n8k16 (the layouts drawn in tensor_core.cuh):
 a swizzled shared tile, the addresses each lane passes, the registers each lane receives, the mma's
 A, B and accumulator fragments. It checks, with small integers (exact in floating point), that
-  warp_tile_abt      gives dk_dv_kernel's 32 x 32 warp tiles of S = Q K^T,
+  warp_tile_abt      gives dk_dv_kernel's Br/2 x 32 warp tiles of S = Q K^T,
   the P store and warp_tile_ab's ldmatrix.trans read-back give its dV = P^T dO (and dK = dS^T Q),
   warp_tile_ab without the transpose gives its share of dQ = dS K,
   warp_gemm_abt and warp_gemm_acc_b give dq_kernel's S = Q K^T and dQ += dS K,
@@ -113,18 +113,19 @@ def warp_tile_ab(MT,NB,KK,a_trans,a_tile,a_row,b_tile,b_col):
 def tile_matrix(acc,nb):  # [m-tile][lane][n-block][4] -> (16 * m-tiles) x nb*8 matrix
     return [row for a in acc for row in acc_matrix(a,16,nb)]
 
-BR,BC,WARPS=64,128,8
-for D in (32,64,128):
+BC,WARPS=128,8
+for D,BR in [(32,64),(64,64),(128,64),(64,128)]:  # head_dim, query rows per step (128 at d64 where they fit)
     K=rnd(BC,D); Q=rnd(BR,D); DO=rnd(BR,D)
     kt=Tile(BC,D); kt.fill(K); qt=Tile(BR,D); qt.fill(Q); dot=Tile(BR,D); dot.fill(DO)
     pt=Tile(BR,BC)
     S_ref=[[sum(Q[i][c]*K[j][c] for c in range(D)) for j in range(BC)] for i in range(BR)]
     for w in range(WARPS):
-        score_row,score_col=(w//4)*32,(w%4)*32
-        s=warp_tile_abt(2,4,D,qt,score_row,kt,score_col)
-        assert close(tile_matrix(s,4),[r[score_col:score_col+32] for r in S_ref[score_row:score_row+32]]),("S",D,w)
+        score_row,score_col=(w//4)*(BR//2),(w%4)*32
+        smt=BR//32
+        s=warp_tile_abt(smt,4,D,qt,score_row,kt,score_col)
+        assert close(tile_matrix(s,4),[r[score_col:score_col+32] for r in S_ref[score_row:score_row+BR//2]]),("S",D,BR,w)
         # the P store (S standing in for P), as the kernel writes it
-        for m in range(2):
+        for m in range(smt):
             for L in range(32):
                 g,t=L//4,L%4
                 for h in range(2):
@@ -137,14 +138,14 @@ for D in (32,64,128):
         grad_key,grad_dim=(w%4)*32,(w//4)*(D//2)
         dv=warp_tile_ab(2,D//16,BR,True,pt,grad_key,dot,grad_dim)
         ref=[[sum(S_ref[i][key]*DO[i][grad_dim+c] for i in range(BR)) for c in range(D//2)] for key in range(grad_key,grad_key+32)]
-        assert close(tile_matrix(dv,D//16),ref),("dV",D,w)
+        assert close(tile_matrix(dv,D//16),ref),("dV",D,BR,w)
     # dQ share = dS K (S standing in for dS), dS read as stored
-    wc=min(4,D//16); wr=WARPS//wc; mt=BR//16//wr; nbq=D//8//wc
+    wc=2 if D==32 or D<BR else 4; wr=WARPS//wc; mt=BR//16//wr; nbq=D//8//wc
     for w in range(WARPS):
         dq_row,dq_dim=(w//wc)*mt*16,(w%wc)*nbq*8
         dq=warp_tile_ab(mt,nbq,BC,False,pt,dq_row,kt,dq_dim)
         ref=[[sum(S_ref[i][key]*K[key][dq_dim+c] for key in range(BC)) for c in range(nbq*8)] for i in range(dq_row,dq_row+16*mt)]
-        assert close(tile_matrix(dq,nbq),ref),("dQ share",D,w)
+        assert close(tile_matrix(dq,nbq),ref),("dQ share",D,BR,w)
     print("dk_dv fragment paths OK", D, BR, WARPS)
 
 # dq_kernel: S = Q K^T per warp, then dQ += S K (acc as A, K transposed)

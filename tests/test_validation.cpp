@@ -259,10 +259,10 @@ TEST(stage11_backward_tc, RegistryEntry) {
 
 // What the lesson quotes: the shared memory of each kernel's block, per head_dim and mode.
 TEST(stage11_backward_tc, SharedMemoryPerBlock) {
-  // dk_dv_kernel, both modes: K, V (Bc = 128 keys), Q and dO double-buffered (Br = 64 rows), P and
-  // dS of the step (Br x Bc), lse2 and D double-buffered.
-  auto key_tile = [](int d) {
-    constexpr int br = 64, bc = 128;
+  // dk_dv_kernel, both modes: K, V (Bc = 128 keys), Q and dO double-buffered (Br rows, 64 unless
+  // said), P and dS of the step (Br x Bc), lse2 and D double-buffered.
+  auto key_tile = [](int d, int br = 64) {
+    constexpr int bc = 128;
     return static_cast<size_t>(2 * bc * d * 2 + 2 * 2 * br * d * 2 + 2 * br * bc * 2 + 2 * 2 * br * 4);
   };
   auto query_tile = [](int d) { return static_cast<size_t>(2 * 64 * d * 2 + 2 * 2 * 64 * d * 2); };
@@ -276,6 +276,19 @@ TEST(stage11_backward_tc, SharedMemoryPerBlock) {
   for (int d : {32, 64, 128})
     for (bool deterministic : {false, true}) EXPECT_LE(stage11::backward_shared_bytes(d, deterministic), 163u * 1024);
   EXPECT_LE(stage11::backward_shared_bytes(64, false), 99u * 1024);
+}
+
+// 128 query rows per step at head_dim 64 where their shared memory fits (an A100's 163 KiB, an H100's
+// 227), 64 on an RTX 30/40 card (99 KiB) and at the other head_dims.
+TEST(stage11_backward_tc, StepRowsPerGpu) {
+  // dk_dv_kernel at d64 with 128 rows, as SharedMemoryPerBlock counts it: 165,888 bytes (162 KiB).
+  constexpr size_t kWideBytes = 2 * 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 2 * 128 * 128 * 2 + 2 * 2 * 128 * 4;
+  for (size_t kib : {227u, 163u}) EXPECT_EQ(stage11::backward_step_rows(64, kib * 1024), 128) << kib << " KiB";
+  EXPECT_EQ(stage11::backward_step_rows(64, kWideBytes), 128);
+  EXPECT_EQ(stage11::backward_step_rows(64, kWideBytes - 1), 64);
+  EXPECT_EQ(stage11::backward_step_rows(64, 99u * 1024), 64);
+  for (int d : {32, 128}) EXPECT_EQ(stage11::backward_step_rows(d, SIZE_MAX), 64) << "head_dim " << d;
+  EXPECT_EQ(stage11::backward_step_rows(48, SIZE_MAX), 0);
 }
 
 // ---------------------------------------------------------------------------------------------

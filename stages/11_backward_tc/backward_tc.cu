@@ -11,46 +11,50 @@ namespace {
 constexpr int kMinComputeCapability = 80;  // mma.sync with bf16, ldmatrix, cp.async (sm_80)
 constexpr int kRowDotThreads = 256;        // row_dot_kernel and convert_dq_kernel
 
-// One shape for every head_dim. dk_dv_kernel: KeyTileConfig<warps, query rows per step, blocks per
-// SM>; dq_kernel (deterministic mode): QueryTileConfig<warps (16 rows each), keys per tile, blocks per
-// SM>. 128 keys per block and 64 query rows per step, as FlashAttention-2's backward; the registers
-// they take leave one block per SM.
-template <int kHeadDim>
-struct Shapes {
-  using KeyTile = KeyTileConfig<8, kHeadDim == 64 ? 128 : 64, 1>;
-  using QueryTile = QueryTileConfig<4, 64, 1>;
-};
+// dk_dv_kernel: KeyTileConfig<warps, query rows per step, blocks per SM>, 128 keys per block as
+// FlashAttention-2's backward; the registers it takes leave one block per SM. dq_kernel (deterministic
+// mode): QueryTileConfig<warps (16 rows each), keys per tile, blocks per SM>.
+// Query rows per step: 64 at every head_dim, the shape every GPU from sm_80 up runs (161 KiB of shared
+// memory at head_dim 128, so there only an A100 or an H100). At head_dim 64, 128 rows where the GPU's
+// shared memory holds them (162 KiB: an A100, an H100; 64 rows take 97 KiB, within an RTX 30/40
+// card's 99): per query row, half the barriers and prefetches, and each warp's S and dP tile twice as
+// tall for the same K and V fragments (lesson 11 measured 1.01-1.10x on the H100). At head_dim 128, 128
+// rows would take 256 KiB.
+template <int kBlockRows>
+using KeyTileWithRows = KeyTileConfig<8, kBlockRows, 1>;
+constexpr int kStepRows = 64;      // query rows per step, every head_dim and every GPU
+constexpr int kWideStepRows = 128;  // at head_dim 64, where shared memory allows
+using QueryTile = QueryTileConfig<4, 64, 1>;
 
-// dk_dv_kernel's shared memory is the same in both modes (P and dS pass through it either way).
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kBlockRows>
 constexpr size_t key_tile_shared_bytes() {
-  return sizeof(kernel_detail::KeyTileShared<Element, kHeadDim, typename Shapes<kHeadDim>::KeyTile>);
+  return sizeof(kernel_detail::KeyTileShared<Element, kHeadDim, KeyTileWithRows<kBlockRows>>);
 }
 
 template <typename Element, int kHeadDim>
 constexpr size_t query_tile_shared_bytes() {
-  return sizeof(kernel_detail::QueryTileShared<Element, kHeadDim, typename Shapes<kHeadDim>::QueryTile>);
+  return sizeof(kernel_detail::QueryTileShared<Element, kHeadDim, QueryTile>);
 }
 
 // Bytes of the D part of the workspace: one float per row, rounded up to 16 bytes so that the dQ
 // accumulator after it starts aligned for float4.
 size_t d_bytes(long long rows) { return (static_cast<size_t>(rows) * sizeof(float) + 15) / 16 * 16; }
 
+// The least shared memory a call at kHeadDim needs: the 64-row step's. The shapes do not depend on the
+// dtype: both 16-bit types give the same sizes.
 template <int kHeadDim>
 size_t shared_bytes_for(bool deterministic) {
-  // The shapes do not depend on the dtype: both 16-bit types give the same sizes.
-  const size_t key_tile = key_tile_shared_bytes<__half, kHeadDim>();
+  const size_t key_tile = key_tile_shared_bytes<__half, kHeadDim, kStepRows>();
   const size_t query_tile = deterministic ? query_tile_shared_bytes<__half, kHeadDim>() : 0;
   return key_tile > query_tile ? key_tile : query_tile;
 }
 
-template <typename Element, int kHeadDim>
+template <typename Element, int kHeadDim, int kBlockRows>
 flash::Status launch(const Element* q, const Element* k, const Element* v, const Element* o, const float* lse,
                      const Element* d_o, Element* dq, Element* dk, Element* dv, int batch, int heads_q, int heads_kv,
                      int seq_q, int seq_kv, float scale, bool causal, bool deterministic, void* workspace,
                      cudaStream_t stream) {
-  using KeyTile = typename Shapes<kHeadDim>::KeyTile;
-  using QueryTile = typename Shapes<kHeadDim>::QueryTile;
+  using KeyTile = KeyTileWithRows<kBlockRows>;
   const long long rows = static_cast<long long>(batch) * heads_q * seq_q;
   float* d_rows = static_cast<float*>(workspace);
   float* dq_accum = deterministic ? nullptr
@@ -62,7 +66,7 @@ flash::Status launch(const Element* q, const Element* k, const Element* v, const
                                              : dk_dv_kernel<Element, kHeadDim, true, true, KeyTile>)
                             : (deterministic ? dk_dv_kernel<Element, kHeadDim, false, false, KeyTile>
                                              : dk_dv_kernel<Element, kHeadDim, false, true, KeyTile>);
-  const size_t dk_dv_bytes = key_tile_shared_bytes<Element, kHeadDim>();
+  const size_t dk_dv_bytes = key_tile_shared_bytes<Element, kHeadDim, kBlockRows>();
   const auto dq_pass = causal ? dq_kernel<Element, kHeadDim, true, QueryTile>
                               : dq_kernel<Element, kHeadDim, false, QueryTile>;
   constexpr size_t kDqBytes = query_tile_shared_bytes<Element, kHeadDim>();
@@ -119,14 +123,21 @@ flash::Status launch_for_head_dim(const void* q, const void* k, const void* v, c
   auto* dv_ = static_cast<Element*>(dv);
   switch (head_dim) {
     case 32:
-      return launch<Element, 32>(q_, k_, v_, o_, lse, d_o_, dq_, dk_, dv_, batch, heads_q, heads_kv, seq_q, seq_kv,
-                                 scale, causal, deterministic, workspace, stream);
-    case 64:
-      return launch<Element, 64>(q_, k_, v_, o_, lse, d_o_, dq_, dk_, dv_, batch, heads_q, heads_kv, seq_q, seq_kv,
-                                 scale, causal, deterministic, workspace, stream);
+      return launch<Element, 32, kStepRows>(q_, k_, v_, o_, lse, d_o_, dq_, dk_, dv_, batch, heads_q, heads_kv, seq_q,
+                                            seq_kv, scale, causal, deterministic, workspace, stream);
+    case 64: {
+      size_t limit = 0;
+      const flash::Status status = flash::shared_memory_limit(&limit);
+      if (!status.ok()) return status;
+      if (backward_step_rows(64, limit) == kWideStepRows)
+        return launch<Element, 64, kWideStepRows>(q_, k_, v_, o_, lse, d_o_, dq_, dk_, dv_, batch, heads_q, heads_kv,
+                                                  seq_q, seq_kv, scale, causal, deterministic, workspace, stream);
+      return launch<Element, 64, kStepRows>(q_, k_, v_, o_, lse, d_o_, dq_, dk_, dv_, batch, heads_q, heads_kv, seq_q,
+                                            seq_kv, scale, causal, deterministic, workspace, stream);
+    }
     default:
-      return launch<Element, 128>(q_, k_, v_, o_, lse, d_o_, dq_, dk_, dv_, batch, heads_q, heads_kv, seq_q, seq_kv,
-                                  scale, causal, deterministic, workspace, stream);
+      return launch<Element, 128, kStepRows>(q_, k_, v_, o_, lse, d_o_, dq_, dk_, dv_, batch, heads_q, heads_kv, seq_q,
+                                             seq_kv, scale, causal, deterministic, workspace, stream);
   }
 }
 
@@ -145,6 +156,12 @@ size_t backward_shared_bytes(int head_dim, bool deterministic) {
     case 128: return shared_bytes_for<128>(deterministic);
     default: return 0;
   }
+}
+
+int backward_step_rows(int head_dim, size_t shared_limit) {
+  if (head_dim != 32 && head_dim != 64 && head_dim != 128) return 0;
+  const bool wide = head_dim == 64 && shared_limit >= key_tile_shared_bytes<__half, 64, kWideStepRows>();
+  return wide ? kWideStepRows : kStepRows;
 }
 
 flash::Status backward(const void* q, const void* k, const void* v, const void* o, const float* lse, const void* d_o,

@@ -26,11 +26,16 @@ namespace stage11 {
 // mode uses only the first part, but the size is the same for both modes. 0 for sizes < 1.
 size_t backward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
 
-// The dynamic shared memory, in bytes, of the largest block one backward call launches at head_dim
-// (the K/V-tile kernel; with deterministic, also the query-tile kernel). 0 for a head_dim this stage
-// does not take. backward refuses, before any launch, a GPU whose shared memory per block
-// (flash::shared_memory_limit) is smaller.
+// The dynamic shared memory, in bytes, that one backward call at head_dim needs at least: the largest
+// block it launches (the K/V-tile kernel; with deterministic, also the query-tile kernel) with 64 query
+// rows per step. 0 for a head_dim this stage does not take. backward refuses, before any launch, a GPU
+// whose shared memory per block (flash::shared_memory_limit) is smaller.
 size_t backward_shared_bytes(int head_dim, bool deterministic);
+
+// The query rows per step (Br) of the K/V-tile kernel at head_dim when a block may use shared_limit
+// bytes: 128 at head_dim 64 where their 162 KiB fit (an A100, an H100), 64 otherwise; 0 for a head_dim
+// this stage does not take. No CUDA call: backward passes flash::shared_memory_limit.
+int backward_step_rows(int head_dim, size_t shared_limit);
 
 // dQ, dK, dV from d_o (dO), given the forward's O and lse (which may not be null here) for the same
 // q, k, v, scale and causal. dtype is kFp16 or kBf16 (anything else: kDtypeNotSupported).

@@ -11,7 +11,7 @@
 //      every query head of the GQA group, so dK and dV of a group are summed in registers, in a fixed
 //      order, with no atomics). Per query tile the warps compute
 //        S = Q K^T,  P = exp2(S * scale log2 e - lse log2 e),  dP = dO V^T,  dS = P o (dP - D)
-//      in 32 x 32 warp tiles (FlashAttention-2's two-dimensional warp grid: each warp reads 32 rows of
+//      in Br/2 x 32 warp tiles (FlashAttention-2's two-dimensional warp grid: each warp reads a part of
 //      each operand per k-step, not the whole query tile), write P and dS to shared memory, and after a
 //      barrier read them back, transposed, as the A operands of
 //        dV += P^T dO,  dK += dS^T Q     (32 keys x d/2 dims per warp)
@@ -32,7 +32,8 @@
 namespace stage11 {
 
 // The shape of dk_dv_kernel: kWarps warps, Bc = 16 * kWarps keys per block, and Br = kBlockRows query
-// rows per step of the loop over query tiles (the kernel's warp grids are written for 8 warps, 64 x 128).
+// rows per step of the loop over query tiles (the kernel's warp grids are written for 8 warps, Bc = 128,
+// and Br a multiple of 32).
 template <int kWarps_, int kBlockRows_, int kMinBlocksPerSm_>
 struct KeyTileConfig {
   static constexpr int kWarps = kWarps_;
@@ -309,13 +310,16 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   constexpr int kBlockRows = Config::kBlockRows;  // Br
   constexpr int kBlockCols = Config::kBlockCols;  // Bc
   // The warps tile each product in two dimensions (FlashAttention-2's backward):
-  //   S, dP [Br x Bc]: 2 x 4 warps of 32 queries x 32 keys;
+  //   S, dP [Br x Bc]: 2 x 4 warps of Br/2 queries x 32 keys;
   //   dV, dK [Bc x d]: 4 x 2 warps of 32 keys x d/2 dims, held in registers for the whole block;
-  //   dQ's share [Br x d]: kDqWarpRows x kDqWarpCols warps.
-  static_assert(Config::kWarps == 8 && kBlockRows % 32 == 0 && kBlockCols == 128, "the warp grids below: 8 warps, Br x 128");
+  //   dQ's share [Br x d]: kDqWarpRows x kDqWarpCols warps, 4 columns of warps unless the share is
+  //   narrower than it is tall (d < Br) or too narrow for 4 (d = 32): 2 columns, so that each warp's
+  //   tile is as near square as the grid allows (the fewest operand rows read per output).
+  static_assert(Config::kWarps == 8 && kBlockRows % 32 == 0 && kBlockCols == 128,
+                "the warp grids below: 8 warps, Br a multiple of 32, Bc = 128");
   constexpr int kScoreMTiles = kBlockRows / 32, kScoreNBlocks = 4;  // Br/2 x 32 of S and dP per warp
-  constexpr int kGradMTiles = 2, kGradNBlocks = kHeadDim / 16;  // 32 keys x d/2 of dK and dV per warp
-  constexpr int kDqWarpCols = kHeadDim == 32 || kBlockRows > kHeadDim ? 2 : 4;
+  constexpr int kGradMTiles = 2, kGradNBlocks = kHeadDim / 16;      // 32 keys x d/2 of dK and dV per warp
+  constexpr int kDqWarpCols = kHeadDim == 32 || kHeadDim < kBlockRows ? 2 : 4;
   constexpr int kDqWarpRows = Config::kWarps / kDqWarpCols;
   constexpr int kDqMTiles = kBlockRows / kMmaM / kDqWarpRows;
   constexpr int kDqNBlocks = kHeadDim / kMmaN / kDqWarpCols;
@@ -396,7 +400,7 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
     const long long bh = step_head(step);
     const int first_row = step_first_row(step);
 
-    // S = Q_i K_j^T and dP = dO_i V_j^T, 32 x 32 per warp.
+    // S = Q_i K_j^T and dP = dO_i V_j^T, Br/2 x 32 per warp.
     float s[kScoreMTiles][kScoreNBlocks][4] = {};
     warp_tile_abt<kScoreMTiles, kScoreNBlocks, kHeadDim, Element>(s, tile.q[buf], score_row, tile.k, score_col, lane);
     float dp[kScoreMTiles][kScoreNBlocks][4] = {};
