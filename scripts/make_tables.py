@@ -50,6 +50,9 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   stage11-steps  dk_dv_kernel's changes of the fourth session of 2026-11-23, one after the other
               (bench/results/h100_stage11_steps.txt, flash-stages-bench rounds): ms per backward call,
               the fastest round of each version, and each version's speed over the one before
+  stage11-2d  the fifth session's two changes against the kernel before them, in the same calls
+              (h100_stage11_steps.txt, calls 5 and 6): ms per backward call, the fastest of two rounds,
+              and the speed-up; 2D warp grids at both head_dims, then 128 query rows at head_dim 64
   ncu-stage11 each kernel of one stage 11 backward call at head_dim 64 and 128 (Nsight Compute, first
               call): time, registers, warps active, SM, tensor pipe, busiest memory unit and DRAM
               throughput, share of the call (h100_ncu_stage11_dD.csv and _tensor.csv)
@@ -751,13 +754,14 @@ def ptxas_stage11_entries():
     kCausal, kAtomicDq, Config>, stage11::dq_kernel<Element, kHeadDim, kCausal, Config>)."""
     text = (RESULTS / "ptxas_sm90.txt").read_text()
     entry = re.compile(r"Function properties for _ZN7stage11\d+((?:dk_dv|dq)_kernel)I(6__half|13__nv_bfloat16)"
-                       r"Li(\d+)ELb([01])E(?:Lb([01])E)?\w*\n\s*(\d+) bytes stack frame, (\d+) bytes spill stores, "
-                       r"(\d+) bytes spill loads\nptxas info\s*: Used (\d+) registers")
+                       r"Li(\d+)ELb([01])E(?:Lb([01])E)?(?:NS_13KeyTileConfigILi\d+ELi(\d+)E)?\w*\n\s*(\d+) bytes "
+                       r"stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\nptxas info\s*: Used (\d+) registers")
     out = {}
     for m in entry.finditer(text):
         dtype = "fp16" if m[2] == "6__half" else "bf16"
         atomic = m[1] == "dk_dv_kernel" and m[5] == "1"
-        out[(m[1], dtype, int(m[3]), m[4] == "1", atomic)] = tuple(int(m[i]) for i in (9, 6, 7, 8))
+        rows = int(m[6]) if m[6] else 0  # dk_dv_kernel's query rows per step; 0 for dq_kernel
+        out[(m[1], dtype, int(m[3]), m[4] == "1", atomic, rows)] = tuple(int(m[i]) for i in (10, 7, 8, 9))
     if not out:
         raise KeyError("stage 11 in ptxas_sm90.txt")
     return out
@@ -785,20 +789,23 @@ def ptxas_stage11_table():
     """Registers and spills of stage 11's dk_dv_kernel (both modes) and dq_kernel per head_dim, the
     largest over dtype and causal (ptxas_sm90.txt)."""
     entries = ptxas_stage11_entries()
-    def cell(kernel, d, atomic):
-        found = [v for (k, _, hd, _, a), v in entries.items() if (k, hd, a) == (kernel, d, atomic)]
+    def cell(kernel, d, atomic, rows):
+        found = [v for (k, _, hd, _, a, r), v in entries.items() if (k, hd, a, r) == (kernel, d, atomic, rows)]
         regs = max(v[0] for v in found)
         spill = max(found, key=lambda v: v[2])
         return f"{regs}" + (f" ({spill[2]} bytes spilled)" if spill[2] else "")
-    lines = ["| kernel | head_dim 32 | head_dim 64 | head_dim 128 |", "|---|---|---|---|"]
+    columns = ((32, 64), (64, 128), (64, 64), (128, 64))  # (head_dim, dk_dv_kernel's query rows per step)
+    lines = ["| kernel | head_dim 32 | head_dim 64 | head_dim 64, 64 rows | head_dim 128 |", "|---|---|---|---|---|"]
     for kernel, atomic, label in (("dk_dv_kernel", True, "`dk_dv_kernel`, default"),
-                                  ("dk_dv_kernel", False, "`dk_dv_kernel`, deterministic"),
-                                  ("dq_kernel", False, "`dq_kernel` (deterministic)")):
-        lines.append(f"| {label} | " + " | ".join(cell(kernel, d, atomic) for d in (32, 64, 128)) + " |")
+                                  ("dk_dv_kernel", False, "`dk_dv_kernel`, deterministic")):
+        lines.append(f"| {label} | " + " | ".join(cell(kernel, d, atomic, r) for d, r in columns) + " |")
+    lines.append("| `dq_kernel` (deterministic) | " + cell("dq_kernel", 32, False, 0) + " | " +
+                 cell("dq_kernel", 64, False, 0) + " | (the same) | " + cell("dq_kernel", 128, False, 0) + " |")
     version = (RESULTS / "ptxas_sm90.txt").read_text().splitlines()[0]
     lines.append("")
     lines.append(f"Registers per thread (sm_90), the largest over bf16/fp16 and causal on/off, with the spill "
-                 f"stores where ptxas reports any. `nvcc -O3 -std=c++17 -arch=sm_90 -Xptxas -v` ({version.strip()}). "
+                 f"stores where ptxas reports any. Head_dim 64 runs 128 query rows per step where a block may use "
+                 f"162 KiB of shared memory, 64 rows (the column beside it) below. `nvcc -O3 -std=c++17 -arch=sm_90 -Xptxas -v` ({version.strip()}). "
                  f"From `bench/results/ptxas_sm90.txt`, written by `scripts/ptxas_report.sh`.")
     return "\n".join(lines)
 
@@ -1177,6 +1184,49 @@ def stage11_steps_table():
     return "\n".join(lines)
 
 
+def stage11_2d_table():
+    """The two-dimensional warp grids (call 5, both head_dims) and 128 rows per step at head_dim 64
+    (call 6), each against key-rows, the kernel before them, timed in the same call: per cell the
+    fastest of two interleaved rounds (h100_stage11_steps.txt)."""
+    best = {}  # (call, version, dtype) -> {(d, causal, n): ms}
+    call = version = None
+    for line in (RESULTS / "h100_stage11_steps.txt").read_text().splitlines():
+        m = re.match(r"## call (\d+) round \d+: (\S+)", line)
+        if m:
+            call, version = int(m[1]), m[2]
+            continue
+        m = re.match(r"stage11_backward_tc/(bf16|fp16)/d(\d+)/causal(\d)/backward/seq:(\d+) ([\d.]+)", line)
+        if m and call in (5, 6):
+            cell = best.setdefault((call, version, m[1]), {})
+            key = (int(m[2]), m[3] == "1", int(m[4]))
+            cell[key] = min(cell.get(key, float("inf")), float(m[5]))
+    lines = ["| dtype | d | causal | N | key-rows (ms) | 2D warp grids (ms) | speed-up | key-rows (ms) | "
+             "2D, 128 rows (ms) | speed-up |", "|---|---|---|---|---|---|---|---|---|---|"]
+    gains = {5: [], 6: []}
+    keys = sorted({(dt, k) for (c, _, dt), cells in best.items() for k in cells})
+    for dtype, key in keys:
+        d, causal, n = key
+        row = [dtype, str(d), "yes" if causal else "no", str(n)]
+        for c, new_version in ((5, "2d-tiles"), (6, "2d-br128")):
+            before, after = best.get((c, "key-rows", dtype), {}).get(key), best.get((c, new_version, dtype), {}).get(key)
+            if before is None or after is None:
+                row += ["–", "–", "–"]
+                continue
+            gains[c].append(before / after)
+            row += [f"{before:.3f}", f"{after:.3f}", f"{before / after:.2f}x"]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append(f"| geometric mean | | | | | | {geo_mean(gains[5]):.2f}x | | | {geo_mean(gains[6]):.2f}x |")
+    lines.append("")
+    lines.append("Stage 11's backward (dk_dv_kernel changed), default mode, ms per call on the benchmark's problem (B·N = 16384, H·d = 2048), "
+                 "NVIDIA H100 80GB HBM3. Key-rows: the kernel before these changes (each warp owns 16 keys, "
+                 "$B_r$ = 64). 2D warp grids: FlashAttention-2's layout, $B_r$ = 64 (call 5, bf16). 2D, 128 rows: "
+                 "the 2D grids with $B_r$ = 128 at head_dim 64, the shape this stage runs where a block may use "
+                 "162 KiB (call 6, head_dim 64 only, bf16 and fp16). Each figure is the faster of two interleaved "
+                 "rounds of `flash-stages-bench`'s median; a speed-up compares two versions timed in the same "
+                 "call. From `bench/results/h100_stage11_steps.txt`; the commands are in `bench/results/RUNS.md`.")
+    return "\n".join(lines)
+
+
 # The columns of the per-kernel profile of a stage (scripts: the ncu command of bench/results/RUNS.md):
 # short name -> (metric, label, decimals). "tensor" comes from the _tensor file of the same run.
 NCU_STAGE_COLUMNS = {
@@ -1312,7 +1362,7 @@ def tables():
            "decode-splits-1-131072": decode_splits_table(1, 131072),
            "decode-splits-8-32768": decode_splits_table(8, 32768),
            "stage11-backward-bf16": backward_tc_table("bf16"), "stage11-backward-fp16": backward_tc_table("fp16"),
-           "stage11-steps": stage11_steps_table()}
+           "stage11-steps": stage11_steps_table(), "stage11-2d": stage11_2d_table()}
     if all((RESULTS / f"h100_ncu_stage11_d{d}{s}.csv").exists() for d in (64, 128) for s in ("", "_tensor")):
         out["ncu-stage11"] = ncu_stage_table(11)
     else:
