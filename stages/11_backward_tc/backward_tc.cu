@@ -11,20 +11,15 @@ namespace {
 constexpr int kMinComputeCapability = 80;  // mma.sync with bf16, ldmatrix, cp.async (sm_80)
 constexpr int kRowDotThreads = 256;        // row_dot_kernel and convert_dq_kernel
 
-// One shape per head_dim. dk_dv_kernel: KeyTileConfig<warps (16 keys each), query rows per step,
-// blocks per SM>; dq_kernel (deterministic mode): QueryTileConfig<warps (16 rows each), keys per
-// tile, blocks per SM>. 128 keys per block as FlashAttention-2's backward, 64 query rows per step:
-// the shapes lesson 11 measured on the H100, where the registers they take leave one block per SM.
+// One shape for every head_dim. dk_dv_kernel: KeyTileConfig<warps (16 keys each), query rows per
+// step, blocks per SM>; dq_kernel (deterministic mode): QueryTileConfig<warps (16 rows each), keys per
+// tile, blocks per SM>. 128 keys per block as FlashAttention-2's backward, 64 query rows per step: the
+// shapes lesson 11 measured on the H100, where the registers they take leave one block per SM. At
+// head_dim 128, where each lane already holds 128 accumulators of dK and dV, 64 rows spill 24-64 bytes
+// per thread (-Xptxas -v) and still measured faster than 32 rows, which pay a barrier and a prefetch
+// twice as often per query row (lesson 11).
 template <int kHeadDim>
 struct Shapes {
-  using KeyTile = KeyTileConfig<8, 64, 1>;
-  using QueryTile = QueryTileConfig<4, 64, 1>;
-};
-// At head_dim 128 each lane already holds 128 accumulators of dK and dV, and 64 query rows per step
-// spill 24-64 bytes per thread (-Xptxas -v). They are kept: measured on the H100, the spills cost less
-// than 32-row steps, which read K and V from shared memory twice as often per query row (lesson 11).
-template <>
-struct Shapes<128> {
   using KeyTile = KeyTileConfig<8, 64, 1>;
   using QueryTile = QueryTileConfig<4, 64, 1>;
 };
