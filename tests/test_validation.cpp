@@ -261,15 +261,16 @@ TEST(stage11_backward_tc, RegistryEntry) {
 TEST(stage11_backward_tc, SharedMemoryPerBlock) {
   // dk_dv_kernel: K, V (Bc = 128 keys), Q and dO double-buffered (Br rows), dS^T double-buffered
   // (default mode), lse2 and D double-buffered. Br = 64 at every head_dim.
-  auto key_tile = [](int d, int br, bool atomic) {
+  auto key_tile = [](int d, bool atomic) {
+    constexpr int br = 64;
     return static_cast<size_t>(2 * 128 * d * 2 + 2 * 2 * br * d * 2 + 2 * (atomic ? 128 : 1) * br * 2 + 2 * 2 * br * 4);
   };
   auto query_tile = [](int d) { return static_cast<size_t>(2 * 64 * d * 2 + 2 * 2 * 64 * d * 2); };
-  EXPECT_EQ(stage11::backward_shared_bytes(64, false), key_tile(64, 64, true));   // 99,328 (97 KiB)
-  EXPECT_EQ(stage11::backward_shared_bytes(128, false), key_tile(128, 64, true));  // 164,864 (161 KiB)
-  EXPECT_EQ(stage11::backward_shared_bytes(32, false), key_tile(32, 64, true));
-  EXPECT_EQ(stage11::backward_shared_bytes(64, true), std::max(key_tile(64, 64, false), query_tile(64)));
-  EXPECT_EQ(stage11::backward_shared_bytes(128, true), std::max(key_tile(128, 64, false), query_tile(128)));
+  EXPECT_EQ(stage11::backward_shared_bytes(64, false), key_tile(64, true));   // 99,328 (97 KiB)
+  EXPECT_EQ(stage11::backward_shared_bytes(128, false), key_tile(128, true));  // 164,864 (161 KiB)
+  EXPECT_EQ(stage11::backward_shared_bytes(32, false), key_tile(32, true));
+  EXPECT_EQ(stage11::backward_shared_bytes(64, true), std::max(key_tile(64, false), query_tile(64)));
+  EXPECT_EQ(stage11::backward_shared_bytes(128, true), std::max(key_tile(128, false), query_tile(128)));
   EXPECT_EQ(stage11::backward_shared_bytes(48, false), 0u);
   // Both modes fit an A100's 163 KiB per block; an RTX 30/40 card (99 KiB) runs head_dim 32 and 64.
   for (int d : {32, 64, 128})
