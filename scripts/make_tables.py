@@ -49,7 +49,7 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
               their geometric means over N >= 1024 (from compare_h100_bf16.json, compare_h100_fp16.json)
   stage11-steps  dk_dv_kernel's changes of the fourth session of 2026-11-23, one after the other
               (bench/results/h100_stage11_steps.txt, flash-stages-bench rounds): ms per backward call,
-              the fastest round of each version, and each version's speed over the one before
+              the fastest round of each version, and its speed over the version it was timed against
   stage11-2d  the fifth session's two changes against the kernel before them, in the same calls
               (h100_stage11_steps.txt, calls 5 and 6): ms per backward call, the fastest of two rounds,
               and the speed-up; 2D warp grids at both head_dims, then 128 query rows at head_dim 64
@@ -1127,8 +1127,8 @@ def backward_tc_table(tag):
     return "\n".join(lines)
 
 
-# stage11-steps: (version, label) in the order the lesson takes them; each is compared with the one
-# before it, in the call that timed both (h100_stage11_steps.txt says which call timed which).
+# stage11-steps: (version, label) in the order the lesson takes them. Each is compared with the version
+# it was timed against in the same call (h100_stage11_steps.txt says which call timed which).
 STAGE11_STEPS = (("two-barriers", "two barriers"), ("one-barrier", "one barrier"),
                  ("br64", "larger step"), ("two-blocks", "2 blocks per SM"))
 
@@ -1172,9 +1172,9 @@ def stage11_steps_table():
                  " | ".join(f"{geo_mean(g):.2f}x" for g in gains) + " |")
     lines.append("")
     lines.append("dk_dv_kernel's changes, bf16, default mode, one backward call on the benchmark's problem "
-                 "(B·N = 16384, H·d = 2048), NVIDIA H100 80GB HBM3. Two barriers: the kernel before this change, "
+                 "(B·N = 16384, H·d = 2048), NVIDIA H100 80GB HBM3. Two barriers: the kernel before these changes, "
                  "$B_r$ = 32 at head_dim 128; one barrier: one barrier per step, $dS^\\top$ double-buffered; larger "
-                 "step: one barrier with $B_r$ = 64 at head_dim 128 (kept) and 128 at head_dim 64 (not kept: 162 KiB "
+                 "step: one barrier with $B_r$ = 64 at head_dim 128 (kept) and 128 at head_dim 64 (not kept then: 162 KiB "
                  "of shared memory); 2 blocks per SM: one barrier with 4 warps ($B_c$ = 64) per block, $B_r$ as "
                  "one barrier's. Each figure is the faster of two interleaved rounds, each round "
                  "`flash-stages-bench`'s median. A ratio compares two versions timed in the same "
