@@ -1,5 +1,5 @@
 // Stage 11: the tensor-core backward. The kernels and the products they compute are in
-// backward_tc_kernel.cuh; this file checks the arguments, chooses the tile shapes per head_dim,
+// backward_tc_kernel.cuh; this file checks the arguments, chooses the tile shapes per head_dim and GPU,
 // lays out the workspace and launches the kernels in order.
 #include "backward_tc.h"
 
