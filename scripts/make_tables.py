@@ -53,6 +53,8 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   stage11-2d  the fifth session's two changes against the kernel before them, in the same calls
               (h100_stage11_steps.txt, calls 5 and 6): ms per backward call, the fastest of two rounds,
               and the speed-up; 2D warp grids at both head_dims, then 128 query rows at head_dim 64
+  stage11-vs-fa2  stage 11's dk_dv_kernel and FlashAttention-2's main backward kernel in Nsight Compute,
+              same problem and sections: time, instructions by pipe, spills, stalls per issued instruction
   ncu-stage11 each kernel of one stage 11 backward call at head_dim 64 and 128 (Nsight Compute, first
               call): time, registers, warps active, SM, tensor pipe, busiest memory unit and DRAM
               throughput, share of the call (h100_ncu_stage11_dD.csv and _tensor.csv)
@@ -1227,6 +1229,67 @@ def stage11_2d_table():
     return "\n".join(lines)
 
 
+def ncu_kernel_sections(path, kernel):
+    """The figures of one kernel in an `ncu --print-details all` report (the block after the line that
+    names the kernel): {metric name: value}, values as printed without thousands separators."""
+    text, block, found = path.read_text(), {}, False
+    for line in text.splitlines():
+        if re.match(r"^  \S", line):
+            if found:
+                break
+            found = kernel in line
+            continue
+        m = re.match(r"^\s{4}(\S.*?)\s{2,}(?:\S+\s+)?([\d,.]+)\s*$", line)
+        if found and m and m[1] not in block:
+            block[m[1]] = float(m[2].replace(",", ""))
+    if not block:
+        raise KeyError(f"{kernel} in {path.name}")
+    return block
+
+
+def ncu_kernel_metrics(path, kernel):
+    """{metric: value} of one kernel in an `ncu --csv --metrics` file."""
+    out = {}
+    for row in csv.reader(line for line in path.read_text().splitlines() if line.startswith('"')):
+        if len(row) > 4 and kernel in row[4]:
+            out[row[-3]] = float(row[-1].replace(",", ""))
+    if not out:
+        raise KeyError(f"{kernel} in {path.name}")
+    return out
+
+
+def stage11_vs_fa2_table():
+    """Stage 11's dk_dv_kernel against FlashAttention-2's main backward kernel, same problem, same
+    Nsight Compute sections and metrics (h100_ncu_stage11_sections_dD.txt / _instmix_dD.csv and
+    h100_ncu_fa2_bwd_sections_dD.txt / _instmix_dD.csv)."""
+    kernels = (("stage 11 `dk_dv_kernel`", "stage11", "dk_dv_kernel"),
+               ("FlashAttention-2 `flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel`", "fa2_bwd",
+                "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel"))
+    lines = ["| head_dim | kernel | time (ms) | instructions (M) | mma (M) | `ldmatrix` (M) | ALU pipe (M) | "
+             "FMA pipe (M) | local-memory requests (M) | cycles per issued instruction | wait | short scoreboard | "
+             "long scoreboard |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for d in (128, 64):
+        for label, tag, kernel in kernels:
+            sec = ncu_kernel_sections(RESULTS / f"h100_ncu_{tag}_sections_d{d}.txt", kernel)
+            mix = ncu_kernel_metrics(RESULTS / f"h100_ncu_{tag}_instmix_d{d}.csv", kernel)
+            mega = lambda k: f"{mix[k] / 1e6:.0f}"
+            lines.append(f"| {d} | {label} | {sec['Duration']:.2f} | {mega('smsp__inst_executed.sum')} | "
+                         f"{mega('smsp__inst_executed_pipe_tensor_op_hmma.sum')} | {mega('smsp__inst_executed_op_ldsm.sum')} | "
+                         f"{mega('smsp__inst_executed_pipe_alu.sum')} | {mega('smsp__inst_executed_pipe_fma.sum')} | "
+                         f"{sec['Local Memory Spilling Requests'] / 1e6:.2f} | {sec['Warp Cycles Per Issued Instruction']:.2f} | "
+                         f"{sec['Stall Wait']:.2f} | {sec['Stall Short Scoreboard']:.2f} | {sec['Stall Long Scoreboard']:.2f} |")
+    lines.append("")
+    lines.append("Nsight Compute (`ncu --clock-control none`), bf16, batch 4, N 4096, H·d = 2048, not causal, one "
+                 "backward call; the same sections and metrics for both kernels. Time: the section report's "
+                 "duration (a separate run from the table above). Instructions and pipes: warp instructions "
+                 "executed (`smsp__inst_executed*`). Local-memory requests: spills. The last four columns are "
+                 "cycles per issued instruction, and the stall reasons' shares of them. Stage 11 at head_dim 64 "
+                 "runs 128-row steps, as FlashAttention-2 does there. From `bench/results/h100_ncu_stage11_sections_dD.txt` "
+                 "and `_instmix_dD.csv`, `bench/results/h100_ncu_fa2_bwd_sections_dD.txt` and `_instmix_dD.csv`; "
+                 "the commands are in `bench/results/RUNS.md`, fifth section of 2026-11-23.")
+    return "\n".join(lines)
+
+
 # The columns of the per-kernel profile of a stage (scripts: the ncu command of bench/results/RUNS.md):
 # short name -> (metric, label, decimals). "tensor" comes from the _tensor file of the same run.
 NCU_STAGE_COLUMNS = {
@@ -1362,7 +1425,8 @@ def tables():
            "decode-splits-1-131072": decode_splits_table(1, 131072),
            "decode-splits-8-32768": decode_splits_table(8, 32768),
            "stage11-backward-bf16": backward_tc_table("bf16"), "stage11-backward-fp16": backward_tc_table("fp16"),
-           "stage11-steps": stage11_steps_table(), "stage11-2d": stage11_2d_table()}
+           "stage11-steps": stage11_steps_table(), "stage11-2d": stage11_2d_table(),
+           "stage11-vs-fa2": stage11_vs_fa2_table()}
     if all((RESULTS / f"h100_ncu_stage11_d{d}{s}.csv").exists() for d in (64, 128) for s in ("", "_tensor")):
         out["ncu-stage11"] = ncu_stage_table(11)
     else:
