@@ -366,13 +366,26 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   load_rows_async<kBlockCols, kHeadDim, kThreads>(tile.k, k_head, first_key, seq_kv);
   load_rows_async<kBlockCols, kHeadDim, kThreads>(tile.v, v_head, first_key, seq_kv);
 
-  // Step `step` is query tile first_q_tile + step % tiles_per_head of query head step / tiles_per_head.
-  auto step_head = [&](int step) { return first_q_head + step / tiles_per_head; };
-  auto step_first_row = [&](int step) { return (first_q_tile + step % tiles_per_head) * kBlockRows; };
-  // Starts copying step's Q and dO tiles into buffer buf and writes its rows' lse2 and D there.
-  auto prefetch = [&](int step, int buf) {
-    const long long bh = step_head(step);
-    const int first_row = step_first_row(step);
+  // A step's query tile: rows from first_row of query head `head`. The steps take the tiles of one
+  // query head of the group in order, then the next head's, so each step's tile is the one before
+  // advanced by one: no division by tiles_per_head (not known at compile time) in the loop, where
+  // each cost about twenty instructions (SASS).
+  struct StepTile {
+    long long head;
+    int first_row;
+  };
+  auto next_tile = [&](StepTile t) {
+    t.first_row += kBlockRows;
+    if (t.first_row >= num_q_tiles * kBlockRows) {
+      t.first_row = first_q_tile * kBlockRows;
+      ++t.head;
+    }
+    return t;
+  };
+  // Starts copying tile t's Q and dO into buffer buf and writes its rows' lse2 and D there.
+  auto prefetch = [&](StepTile t, int buf) {
+    const long long bh = t.head;
+    const int first_row = t.first_row;
     load_rows_async<kBlockRows, kHeadDim, kThreads>(tile.q[buf], q + bh * seq_q * kHeadDim, first_row, seq_q);
     load_rows_async<kBlockRows, kHeadDim, kThreads>(tile.d_o[buf], d_o + bh * seq_q * kHeadDim, first_row, seq_q);
     for (int r = threadIdx.x; r < kBlockRows; r += kThreads) {
@@ -382,7 +395,8 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
       tile.d[buf][r] = real ? d_rows[index] : 0.0f;
     }
   };
-  if (num_steps > 0) prefetch(0, 0);
+  StepTile current{first_q_head, first_q_tile * kBlockRows};
+  if (num_steps > 0) prefetch(current, 0);
   cp_async_commit();  // K, V and the first query tile: one group
 
   float acc_dk[kGradMTiles][kGradNBlocks][4] = {};
@@ -395,10 +409,11 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
     // every warp has left step - 1, so buffer 1 - buf (read in step - 1) may be refilled now, while
     // this step computes.
     __syncthreads();
-    if (step + 1 < num_steps) prefetch(step + 1, 1 - buf);
+    const StepTile next = next_tile(current);
+    if (step + 1 < num_steps) prefetch(next, 1 - buf);
     cp_async_commit();
-    const long long bh = step_head(step);
-    const int first_row = step_first_row(step);
+    const long long bh = current.head;
+    const int first_row = current.first_row;
 
     // S = Q_i K_j^T and dP = dO_i V_j^T, Br/2 x 32 per warp.
     float s[kScoreMTiles][kScoreNBlocks][4] = {};
@@ -465,6 +480,7 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
             red_add_f32x2(dst + nb * kMmaN, acc_dq[m][nb][2 * half], acc_dq[m][nb][2 * half + 1]);
         }
     }
+    current = next;
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits (num_steps = 0: K and V)
 
