@@ -84,11 +84,9 @@ flash::Status launch(const Element* q, const Element* k, const Element* v, const
 
   // 2. dK, dV (and dQ's shares): one block per K/V tile of each K/V head.
   const int num_k_tiles = (seq_kv + KeyTile::kBlockCols - 1) / KeyTile::kBlockCols;
-  const int num_kv_heads_total = batch * heads_kv;
-  const long long dk_dv_blocks = static_cast<long long>(num_kv_heads_total) * num_k_tiles;
+  const long long dk_dv_blocks = static_cast<long long>(batch) * heads_kv * num_k_tiles;
   dk_dv<<<static_cast<unsigned>(dk_dv_blocks), KeyTile::kWarps * 32, dk_dv_bytes, stream>>>(
-      q, k, v, d_o, lse, d_rows, dq_accum, dk, dv, heads_q, heads_kv, seq_q, seq_kv, scale, scale_log2, num_k_tiles,
-      num_kv_heads_total);
+      q, k, v, d_o, lse, d_rows, dq_accum, dk, dv, heads_q, heads_kv, seq_q, seq_kv, scale, scale_log2, num_k_tiles);
   if (!(status = flash::last_launch_status()).ok()) return status;
 
   if (!deterministic) {

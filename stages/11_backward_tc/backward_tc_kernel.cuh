@@ -303,7 +303,7 @@ template <typename Element, int kHeadDim, bool kCausal, bool kAtomicDq, class Co
 __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
     dk_dv_kernel(const Element* q, const Element* k, const Element* v, const Element* d_o, const float* lse,
                  const float* d_rows, float* dq_accum, Element* dk, Element* dv, int heads_q, int heads_kv,
-                 int seq_q, int seq_kv, float scale, float scale_log2, int num_k_tiles, int num_kv_heads_total) {
+                 int seq_q, int seq_kv, float scale, float scale_log2, int num_k_tiles) {
   using namespace kernel_detail;
   using Shared = KeyTileShared<Element, kHeadDim, Config>;
   constexpr int kThreads = Config::kWarps * 32;
@@ -337,18 +337,11 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   const int grad_key = (warp % 4) * 32;   // the warp's 32 keys of dK and dV
   const int grad_dim = (warp / 4) * (kHeadDim / 2);  // and its d/2 dims
 
-  // Causal: K/V tile by tile across every head, the first tile (seen by every query row: the most
-  // work) of every head first. Not causal: head by head, so blocks that stream the same Q and dO
-  // run together and share them in L2.
-  long long kv_head;
-  int k_tile;
-  if (kCausal) {
-    kv_head = blockIdx.x % num_kv_heads_total;
-    k_tile = static_cast<int>(blockIdx.x / num_kv_heads_total);
-  } else {
-    kv_head = blockIdx.x / num_k_tiles;
-    k_tile = static_cast<int>(blockIdx.x % num_k_tiles);
-  }
+  // Head by head, causal or not, so that blocks streaming the same Q and dO (and adding into the same
+  // rows of the dQ accumulator) run together and share them in L2; within a head, causal, the first
+  // tile (seen by every query row: the most work) first.
+  const long long kv_head = blockIdx.x / num_k_tiles;
+  const int k_tile = static_cast<int>(blockIdx.x % num_k_tiles);
   const int first_key = k_tile * kBlockCols;
   const int heads_per_group = heads_q / heads_kv;
   const long long first_q_head = (kv_head / heads_kv) * heads_q + (kv_head % heads_kv) * heads_per_group;
@@ -416,42 +409,61 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
     const long long bh = current.head;
     const int first_row = current.first_row;
 
-    // S = Q_i K_j^T and dP = dO_i V_j^T, Br/2 x 32 per warp.
-    float s[kScoreMTiles][kScoreNBlocks][4] = {};
-    warp_tile_abt<kScoreMTiles, kScoreNBlocks, kHeadDim, Element>(s, tile.q[buf], score_row, tile.k, score_col, lane);
-    float dp[kScoreMTiles][kScoreNBlocks][4] = {};
-    warp_tile_abt<kScoreMTiles, kScoreNBlocks, kHeadDim, Element>(dp, tile.d_o[buf], score_row, tile.v, score_col,
-                                                                  lane);
-
-    // P = 2^(S * scale log2 e - lse2), masked only on the tiles that need it; dS = P o (dP - D). Both
-    // go to shared memory, rounded to Element (the operands of the products below), two keys per
-    // 4-byte store.
-    const bool needs_mask = first_key + kBlockCols > seq_kv ||
-                            (kCausal && first_key + kBlockCols - 1 > first_row + diagonal);
+    // S = Q_i K_j^T, P = 2^(S * scale log2 e - lse2) in place of S, then dP = dO_i V_j^T and
+    // dS = P o (dP - D): Br/2 x 32 per warp. P and dS go to shared memory, rounded to Element (the
+    // operands of the products below), two keys per 4-byte store. P is computed between the two
+    // products, in straight-line code with dP's mma, so that ptxas can issue the exp2 among them rather
+    // than leave the tensor cores idle while every warp exponentiates at once. Masked (kMasked), a key
+    // past seq_kv or, causal, past the row's diagonal gets P = 0 by a select, not a branch.
+    auto scores = [&](auto masked) {
+      constexpr bool kMasked = decltype(masked)::value;
+      float s[kScoreMTiles][kScoreNBlocks][4] = {};
+      warp_tile_abt<kScoreMTiles, kScoreNBlocks, kHeadDim, Element>(s, tile.q[buf], score_row, tile.k, score_col,
+                                                                    lane);
 #pragma unroll
-    for (int m = 0; m < kScoreMTiles; ++m)
+      for (int m = 0; m < kScoreMTiles; ++m)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int row = score_row + m * kMmaM + group + 8 * half;  // query row of the tile
-        const float row_lse2 = tile.lse2[buf][row];
-        const float row_d = tile.d[buf][row];
+        for (int half = 0; half < 2; ++half) {
+          const int row = score_row + m * kMmaM + group + 8 * half;  // query row of the tile
+          const float row_lse2 = tile.lse2[buf][row];
+          // The row sees the tile's keys [0, visible).
+          const int visible = kCausal ? min(seq_kv, first_row + row + diagonal + 1) - first_key : seq_kv - first_key;
 #pragma unroll
-        for (int nb = 0; nb < kScoreNBlocks; ++nb) {
-          const int col = score_col + nb * kMmaN + 2 * thread_in_group;  // key of the tile
-          float p[2], ds[2];
+          for (int nb = 0; nb < kScoreNBlocks; ++nb)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            p[e] = exp2_approx(fmaf(s[m][nb][2 * half + e], scale_log2, -row_lse2));
-            if (needs_mask) {
-              const int key = first_key + col + e;
-              if (key >= seq_kv || (kCausal && key > first_row + row + diagonal)) p[e] = 0.0f;
+            for (int e = 0; e < 2; ++e) {
+              const int col = score_col + nb * kMmaN + 2 * thread_in_group + e;  // key of the tile
+              float& x = s[m][nb][2 * half + e];
+              x = exp2_approx(fmaf(x, scale_log2, -row_lse2));
+              if (kMasked && col >= visible) x = 0.0f;
             }
-            ds[e] = p[e] * (dp[m][nb][2 * half + e] - row_d);
-          }
-          *reinterpret_cast<uint32_t*>(&tile.p[row][swizzled<kBlockCols>(row, col)]) = pack2<Element>(p[0], p[1]);
-          *reinterpret_cast<uint32_t*>(&tile.ds[row][swizzled<kBlockCols>(row, col)]) = pack2<Element>(ds[0], ds[1]);
         }
-      }
+      float dp[kScoreMTiles][kScoreNBlocks][4] = {};
+      warp_tile_abt<kScoreMTiles, kScoreNBlocks, kHeadDim, Element>(dp, tile.d_o[buf], score_row, tile.v, score_col,
+                                                                    lane);
+#pragma unroll
+      for (int m = 0; m < kScoreMTiles; ++m)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = score_row + m * kMmaM + group + 8 * half;
+          const float row_d = tile.d[buf][row];
+#pragma unroll
+          for (int nb = 0; nb < kScoreNBlocks; ++nb) {
+            const int col = score_col + nb * kMmaN + 2 * thread_in_group;
+            const float* p = &s[m][nb][2 * half];
+            const float ds0 = p[0] * (dp[m][nb][2 * half] - row_d), ds1 = p[1] * (dp[m][nb][2 * half + 1] - row_d);
+            *reinterpret_cast<uint32_t*>(&tile.p[row][swizzled<kBlockCols>(row, col)]) = pack2<Element>(p[0], p[1]);
+            *reinterpret_cast<uint32_t*>(&tile.ds[row][swizzled<kBlockCols>(row, col)]) = pack2<Element>(ds0, ds1);
+          }
+        }
+    };
+    // Not causal, only the last K/V tile of a seq_kv that is not a multiple of Bc needs the mask: the
+    // other steps run a copy without it. Causal, every step runs the masked copy, even a step wholly
+    // below the diagonal: one copy of the step's code measured faster there than two (lesson 11).
+    if (!kCausal && first_key + kBlockCols <= seq_kv)
+      scores(std::false_type{});
+    else
+      scores(std::true_type{});
     // Every warp's P and dS are in shared memory. No barrier closes the step: the next step writes P
     // and dS only after its first barrier, which every warp reaches after its last read of them here.
     __syncthreads();
