@@ -53,6 +53,10 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   stage11-2d  the fifth session's two changes against the kernel before them, in the same calls
               (h100_stage11_steps.txt, calls 5 and 6): ms per backward call, the fastest of two rounds,
               and the speed-up; 2D warp grids at both head_dims, then 128 query rows at head_dim 64
+  stage11-order  the 2026-11-25 session's two kept changes, each against the kernel before it in the same
+              call (h100_stage11_steps.txt, calls 10 and 13): ms per backward call, the fastest round
+  stage11-p-variants  the ways of placing P between the score products, and the staggered start, each as
+              a speed-up over the kernel it was timed against (h100_stage11_steps.txt, calls 11-14)
   stage11-vs-fa2  stage 11's dk_dv_kernel and FlashAttention-2's main backward kernel in Nsight Compute,
               same problem and sections: time, instructions by pipe, spills, stalls per issued instruction
   ncu-stage11 each kernel of one stage 11 backward call at head_dim 64 and 128 (Nsight Compute, first
@@ -1186,6 +1190,83 @@ def stage11_steps_table():
     return "\n".join(lines)
 
 
+def stage11_best_rounds(calls):
+    """{(call, version): {(d, causal, n): ms}} from h100_stage11_steps.txt for the given calls (bf16): per
+    cell the fastest of the call's rounds."""
+    best, call, version = {}, None, None
+    for line in (RESULTS / "h100_stage11_steps.txt").read_text().splitlines():
+        m = re.match(r"## call (\d+) round \d+: (\S+)", line)
+        if m:
+            call, version = int(m[1]), m[2]
+            continue
+        m = re.match(r"stage11_backward_tc/bf16/d(\d+)/causal(\d)/backward/seq:(\d+) ([\d.]+)", line)
+        if m and call in calls:
+            cell = best.setdefault((call, version), {})
+            key = (int(m[1]), m[2] == "1", int(m[3]))
+            cell[key] = min(cell.get(key, float("inf")), float(m[4]))
+    return best
+
+
+def stage11_order_table():
+    """Causal blocks head by head (call 10, against step-counters) and P between the score products
+    (p-mixed, call 13, against head-order): ms per call and the speed-up, per cell."""
+    best = stage11_best_rounds((10, 13))
+    pairs = ((10, "step-counters", "head-order"), (13, "head-order", "p-mixed"))
+    lines = ["| d | causal | N | step counters (ms) | head by head (ms) | speed-up | head by head (ms) | "
+             "+ P before dP (ms) | speed-up |", "|---|---|---|---|---|---|---|---|---|"]
+    gains = [[] for _ in pairs]
+    for key in sorted(best[(10, "step-counters")]):
+        d, causal, n = key
+        row = [str(d), "yes" if causal else "no", str(n)]
+        for i, (c, before, after) in enumerate(pairs):
+            b, a = best[(c, before)][key], best[(c, after)][key]
+            gains[i].append(b / a)
+            row += [f"{b:.3f}", f"{a:.3f}", f"{b / a:.2f}x"]
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append(f"| geometric mean | | | | | {geo_mean(gains[0]):.2f}x | | | {geo_mean(gains[1]):.2f}x |")
+    lines.append("")
+    lines.append("Stage 11's backward (dk_dv_kernel changed), bf16, default mode, ms per call on the benchmark's "
+                 "problem (B·N = 16384, H·d = 2048), NVIDIA H100 80GB HBM3. Step counters: the kernel before these "
+                 "changes. Head by head: causal blocks in the non-causal order (call 10). + P before dP: head by "
+                 "head with $P$ exponentiated between the two score products, kept (call 13; the copies of the "
+                 "step as in the text). Each figure is the fastest of the call's interleaved rounds (two) of "
+                 "`flash-stages-bench`'s median; a speed-up compares two versions timed in the same call. From "
+                 "`bench/results/h100_stage11_steps.txt`; the commands are in `bench/results/RUNS.md`.")
+    return "\n".join(lines)
+
+
+def stage11_p_variants_table():
+    """The placements of P tried (calls 11-13, each over head-order in its call) and the staggered start
+    (call 14, over p-mixed): speed-ups per cell."""
+    best = stage11_best_rounds((11, 12, 13, 14))
+    columns = (("mask a branch after dP", 11, "head-order", "head-order+p-branch"),
+               ("select on every step", 12, "head-order", "head-order+p-select"),
+               ("two copies", 13, "head-order", "head-order+p-copies"),
+               ("two copies, not causal (kept)", 13, "head-order", "p-mixed"),
+               ("staggered start", 14, "p-mixed", "stagger"))
+    lines = ["| d | causal | N | " + " | ".join(c[0] for c in columns) + " |", "|---|---|---|" + "---|" * len(columns)]
+    gains = [[] for _ in columns]
+    for key in sorted(best[(13, "head-order")]):
+        d, causal, n = key
+        row = [str(d), "yes" if causal else "no", str(n)]
+        for i, (_, c, before, after) in enumerate(columns):
+            r = best[(c, before)][key] / best[(c, after)][key]
+            gains[i].append(r)
+            row.append(f"{r:.2f}x")
+        lines.append("| " + " | ".join(row) + " |")
+    lines.append("| geometric mean | | | " + " | ".join(f"{geo_mean(g):.2f}x" for g in gains) + " |")
+    lines.append("")
+    lines.append("Speed-ups of stage 11's backward, bf16, default mode, on the benchmark's problem (B·N = 16384, "
+                 "H·d = 2048), NVIDIA H100 80GB HBM3, each over the kernel it was timed against in the same call: "
+                 "the first four over head by head (the mask a branch after dP: call 11; a select on every "
+                 "step: call 12; two copies of the step, masked and not, chosen per step: call 13; two copies "
+                 "when not causal and the select copy on every causal step, kept: call 13), the staggered start "
+                 "over the kept kernel (call 14). Each time is the fastest of the call's interleaved rounds (two "
+                 "or three) of `flash-stages-bench`'s median. From `bench/results/h100_stage11_steps.txt`; the "
+                 "commands are in `bench/results/RUNS.md`.")
+    return "\n".join(lines)
+
+
 def stage11_2d_table():
     """The two-dimensional warp grids (call 5, both head_dims) and 128 rows per step at head_dim 64
     (call 6), each against key-rows, the kernel before them, timed in the same call: per cell the
@@ -1426,6 +1507,7 @@ def tables():
            "decode-splits-8-32768": decode_splits_table(8, 32768),
            "stage11-backward-bf16": backward_tc_table("bf16"), "stage11-backward-fp16": backward_tc_table("fp16"),
            "stage11-steps": stage11_steps_table(), "stage11-2d": stage11_2d_table(),
+           "stage11-order": stage11_order_table(), "stage11-p-variants": stage11_p_variants_table(),
            "stage11-vs-fa2": stage11_vs_fa2_table()}
     if all((RESULTS / f"h100_ncu_stage11_d{d}{s}.csv").exists() for d in (64, 128) for s in ("", "_tensor")):
         out["ncu-stage11"] = ncu_stage_table(11)

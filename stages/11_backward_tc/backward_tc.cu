@@ -19,7 +19,7 @@ constexpr int kRowDotThreads = 256;        // row_dot_kernel and convert_dq_kern
 // shared memory holds them (162 KiB: an A100, an H100; 64 rows take 97 KiB, within an RTX 30/40
 // card's 99): per query row, half the barriers and prefetches, and each warp's S and dP tile twice as
 // tall for the same K and V fragments (lesson 11 measured 1.00-1.10x on the H100). At head_dim 128, 128
-// rows would take 256 KiB, and 64 rows spill up to 16 bytes per thread (-Xptxas -v) yet measured
+// rows would take 256 KiB, and 64 rows spill a few dozen bytes per thread (-Xptxas -v) yet measured
 // faster than 32 rows, which pay a barrier and a prefetch twice as often per query row (lesson 11).
 template <int kBlockRows>
 using KeyTileWithRows = KeyTileConfig<8, kBlockRows, 1>;
