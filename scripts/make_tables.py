@@ -55,8 +55,9 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
               and the speed-up; 2D warp grids at both head_dims, then 128 query rows at head_dim 64
   stage11-order  the 2026-11-25 session's two kept changes, each against the kernel before it in the same
               call (h100_stage11_steps.txt, calls 10 and 13): ms per backward call, the fastest round
-  stage11-p-variants  the ways of placing P between the score products, and the staggered start, each as
-              a speed-up over the kernel it was timed against (h100_stage11_steps.txt, calls 11-14)
+  stage11-p-variants  the ways of placing P between the score products, and three changes on the kept
+              kernel, each as a speed-up over the kernel it was timed against (h100_stage11_steps.txt,
+              calls 11-15)
   stage11-vs-fa2  stage 11's dk_dv_kernel and FlashAttention-2's main backward kernel in Nsight Compute,
               same problem and sections: time, instructions by pipe, spills, stalls per issued instruction
   ncu-stage11 each kernel of one stage 11 backward call at head_dim 64 and 128 (Nsight Compute, first
@@ -1236,14 +1237,16 @@ def stage11_order_table():
 
 
 def stage11_p_variants_table():
-    """The placements of P tried (calls 11-13, each over head-order in its call) and the staggered start
-    (call 14, over p-mixed): speed-ups per cell."""
-    best = stage11_best_rounds((11, 12, 13, 14))
+    """The placements of P tried (calls 11-13, each over head-order in its call), and three changes on
+    the kept kernel (calls 14 and 15, over p-mixed): speed-ups per cell."""
+    best = stage11_best_rounds((11, 12, 13, 14, 15))
     columns = (("mask a branch after dP", 11, "head-order", "head-order+p-branch"),
                ("select on every step", 12, "head-order", "head-order+p-select"),
                ("two copies", 13, "head-order", "head-order+p-copies"),
                ("two copies, not causal (kept)", 13, "head-order", "p-mixed"),
-               ("staggered start", 14, "p-mixed", "stagger"))
+               ("staggered start", 14, "p-mixed", "stagger"),
+               ("P stored before dP", 15, "p-mixed", "p-stored-early"),
+               ("lse, D by cp.async", 15, "p-mixed", "async-rows-2"))
     lines = ["| d | causal | N | " + " | ".join(c[0] for c in columns) + " |", "|---|---|---|" + "---|" * len(columns)]
     gains = [[] for _ in columns]
     for key in sorted(best[(13, "head-order")]):
@@ -1260,8 +1263,9 @@ def stage11_p_variants_table():
                  "H·d = 2048), NVIDIA H100 80GB HBM3, each over the kernel it was timed against in the same call: "
                  "the first four over head by head (the mask a branch after dP: call 11; a select on every "
                  "step: call 12; two copies of the step, masked and not, chosen per step: call 13; two copies "
-                 "when not causal and the select copy on every causal step, kept: call 13), the staggered start "
-                 "over the kept kernel (call 14). Each time is the fastest of the call's interleaved rounds (two "
+                 "when not causal and the select copy on every causal step, kept: call 13), the last three over "
+                 "the kept kernel (the staggered start: call 14; $P$ stored to shared memory as soon as it is "
+                 "computed, and each step's lse and $D$ copied by `cp.async`: call 15). Each time is the fastest of the call's interleaved rounds (two "
                  "or three) of `flash-stages-bench`'s median. From `bench/results/h100_stage11_steps.txt`; the "
                  "commands are in `bench/results/RUNS.md`.")
     return "\n".join(lines)
