@@ -55,9 +55,9 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
               and the speed-up; 2D warp grids at both head_dims, then 128 query rows at head_dim 64
   stage11-order  the 2026-11-25 session's two kept changes, each against the kernel before it in the same
               call (h100_stage11_steps.txt, calls 10 and 13): ms per backward call, the fastest round
-  stage11-p-variants  the ways of placing P between the score products, and three changes on the kept
+  stage11-p-variants  the ways of placing P between the score products, and four changes on the kept
               kernel, each as a speed-up over the kernel it was timed against (h100_stage11_steps.txt,
-              calls 11-15)
+              calls 11-16)
   stage11-vs-fa2  stage 11's dk_dv_kernel and FlashAttention-2's main backward kernel in Nsight Compute,
               same problem and sections: time, instructions by pipe, spills, stalls per issued instruction
   ncu-stage11 each kernel of one stage 11 backward call at head_dim 64 and 128 (Nsight Compute, first
@@ -1237,16 +1237,17 @@ def stage11_order_table():
 
 
 def stage11_p_variants_table():
-    """The placements of P tried (calls 11-13, each over head-order in its call), and three changes on
-    the kept kernel (calls 14 and 15, over p-mixed): speed-ups per cell."""
-    best = stage11_best_rounds((11, 12, 13, 14, 15))
+    """The placements of P tried (calls 11-13, each over head-order in its call), and four changes on
+    the kept kernel (calls 14-16, over p-mixed): speed-ups per cell."""
+    best = stage11_best_rounds((11, 12, 13, 14, 15, 16))
     columns = (("mask a branch after dP", 11, "head-order", "head-order+p-branch"),
                ("select on every step", 12, "head-order", "head-order+p-select"),
                ("two copies", 13, "head-order", "head-order+p-copies"),
                ("two copies, not causal (kept)", 13, "head-order", "p-mixed"),
                ("staggered start", 14, "p-mixed", "stagger"),
                ("P stored before dP", 15, "p-mixed", "p-stored-early"),
-               ("lse, D by cp.async", 15, "p-mixed", "async-rows-2"))
+               ("lse, D by cp.async", 15, "p-mixed", "async-rows-2"),
+               ("dQ by 16-byte reductions", 16, "p-mixed", "red-v4"))
     lines = ["| d | causal | N | " + " | ".join(c[0] for c in columns) + " |", "|---|---|---|" + "---|" * len(columns)]
     gains = [[] for _ in columns]
     for key in sorted(best[(13, "head-order")]):
@@ -1263,9 +1264,10 @@ def stage11_p_variants_table():
                  "H·d = 2048), NVIDIA H100 80GB HBM3, each over the kernel it was timed against in the same call: "
                  "the first four over head by head (the mask a branch after dP: call 11; a select on every "
                  "step: call 12; two copies of the step, masked and not, chosen per step: call 13; two copies "
-                 "when not causal and the select copy on every causal step, kept: call 13), the last three over "
+                 "when not causal and the select copy on every causal step, kept: call 13), the last four over "
                  "the kept kernel (the staggered start: call 14; $P$ stored to shared memory as soon as it is "
-                 "computed, and each step's lse and $D$ copied by `cp.async`: call 15). Each time is the fastest of the call's interleaved rounds (two "
+                 "computed, and each step's lse and $D$ copied by `cp.async`: call 15; dQ's share added by "
+                 "`red.global.add.v4.f32`: call 16). Each time is the fastest of the call's interleaved rounds (two "
                  "or three) of `flash-stages-bench`'s median. From `bench/results/h100_stage11_steps.txt`; the "
                  "commands are in `bench/results/RUNS.md`.")
     return "\n".join(lines)
@@ -1347,7 +1349,8 @@ def stage11_vs_fa2_table():
     """Stage 11's dk_dv_kernel against FlashAttention-2's main backward kernel, same problem, same
     Nsight Compute sections and metrics (h100_ncu_stage11_sections_dD.txt / _instmix_dD.csv and
     h100_ncu_fa2_bwd_sections_dD.txt / _instmix_dD.csv)."""
-    kernels = (("stage 11 `dk_dv_kernel`", "stage11", "dk_dv_kernel"),
+    kernels = (("stage 11 `dk_dv_kernel`, fifth session", "stage11", "dk_dv_kernel"),
+               ("stage 11 `dk_dv_kernel`, now", "stage11_p_mixed", "dk_dv_kernel"),
                ("FlashAttention-2 `flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel`", "fa2_bwd",
                 "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel"))
     lines = ["| head_dim | kernel | time (ms) | instructions (M) | mma (M) | `ldmatrix` (M) | ALU pipe (M) | "
@@ -1369,9 +1372,12 @@ def stage11_vs_fa2_table():
                  "duration (a separate run from the table above). Instructions and pipes: warp instructions "
                  "executed (`smsp__inst_executed*`). Local-memory requests: spills. The last four columns are "
                  "cycles per issued instruction, and the stall reasons' shares of them. Stage 11 at head_dim 64 "
-                 "runs 128-row steps, as FlashAttention-2 does there. From `bench/results/h100_ncu_stage11_sections_dD.txt` "
-                 "and `_instmix_dD.csv`, `bench/results/h100_ncu_fa2_bwd_sections_dD.txt` and `_instmix_dD.csv`; "
-                 "the commands are in `bench/results/RUNS.md`, fifth section of 2026-11-23.")
+                 "runs 128-row steps, as FlashAttention-2 does there. Fifth session: the kernel of 2026-11-23, "
+                 "before the step counters; now: the kernel on this page (2026-11-25). From "
+                 "`bench/results/h100_ncu_stage11_sections_dD.txt` and `_instmix_dD.csv`, "
+                 "`h100_ncu_stage11_p_mixed_sections_dD.txt` and `_instmix_dD.csv`, "
+                 "`bench/results/h100_ncu_fa2_bwd_sections_dD.txt` and `_instmix_dD.csv`; the commands are in "
+                 "`bench/results/RUNS.md`, fifth section of 2026-11-23 and the section of 2026-11-25.")
     return "\n".join(lines)
 
 
