@@ -1134,6 +1134,23 @@ def backward_tc_table(tag):
     return "\n".join(lines)
 
 
+def stage11_best_rounds(calls):
+    """{(call, version): {(d, causal, n): ms}} from h100_stage11_steps.txt for the given calls (bf16): per
+    cell the fastest of the call's rounds."""
+    best, call, version = {}, None, None
+    for line in (RESULTS / "h100_stage11_steps.txt").read_text().splitlines():
+        m = re.match(r"## call (\d+) round \d+: (\S+)", line)
+        if m:
+            call, version = int(m[1]), m[2]
+            continue
+        m = re.match(r"stage11_backward_tc/bf16/d(\d+)/causal(\d)/backward/seq:(\d+) ([\d.]+)", line)
+        if m and call in calls:
+            cell = best.setdefault((call, version), {})
+            key = (int(m[1]), m[2] == "1", int(m[3]))
+            cell[key] = min(cell.get(key, float("inf")), float(m[4]))
+    return best
+
+
 # stage11-steps: (version, label) in the order the lesson takes them. Each is compared with the version
 # it was timed against in the same call (h100_stage11_steps.txt says which call timed which).
 STAGE11_STEPS = (("two-barriers", "two barriers"), ("one-barrier", "one barrier"),
@@ -1144,19 +1161,7 @@ def stage11_steps_table():
     """dk_dv_kernel's measured changes: per cell, each version's fastest round (ms per backward call), and
     its speed over the version it is compared with, timed in the same call: one-barrier over two-barriers
     (call 2), br64 and two-blocks over one-barrier (call 3)."""
-    path = RESULTS / "h100_stage11_steps.txt"
-    best = {}  # (call, version) -> {(d, causal, n): ms}
-    call = version = None
-    for line in path.read_text().splitlines():
-        m = re.match(r"## call (\d+) round \d+: (\S+)", line)
-        if m:
-            call, version = int(m[1]), m[2]
-            continue
-        m = re.match(r"stage11_backward_tc/bf16/d(\d+)/causal(\d)/backward/seq:(\d+) ([\d.]+)", line)
-        if m:
-            key = (int(m[1]), m[2] == "1", int(m[3]))
-            cell = best.setdefault((call, version), {})
-            cell[key] = min(cell.get(key, float("inf")), float(m[4]))
+    best = stage11_best_rounds((2, 3))
     pairs = ((2, "one-barrier", "two-barriers"), (3, "br64", "one-barrier"), (3, "two-blocks", "one-barrier"))
     label = dict(STAGE11_STEPS)
     lines = ["| d | causal | N | " + " | ".join(f"{label[v]} (ms)" for v, _ in STAGE11_STEPS) + " | " +
@@ -1189,23 +1194,6 @@ def stage11_steps_table():
                  "columns of different calls are not ratios of each other. From "
                  "`bench/results/h100_stage11_steps.txt`; the commands are in `bench/results/RUNS.md`.")
     return "\n".join(lines)
-
-
-def stage11_best_rounds(calls):
-    """{(call, version): {(d, causal, n): ms}} from h100_stage11_steps.txt for the given calls (bf16): per
-    cell the fastest of the call's rounds."""
-    best, call, version = {}, None, None
-    for line in (RESULTS / "h100_stage11_steps.txt").read_text().splitlines():
-        m = re.match(r"## call (\d+) round \d+: (\S+)", line)
-        if m:
-            call, version = int(m[1]), m[2]
-            continue
-        m = re.match(r"stage11_backward_tc/bf16/d(\d+)/causal(\d)/backward/seq:(\d+) ([\d.]+)", line)
-        if m and call in calls:
-            cell = best.setdefault((call, version), {})
-            key = (int(m[1]), m[2] == "1", int(m[3]))
-            cell[key] = min(cell.get(key, float("inf")), float(m[4]))
-    return best
 
 
 def stage11_order_table():
