@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tensor_core.cuh"
+
 /// \cond HOPPER_INTERNAL
 // FLASH_HOPPER_SM90 / FLASH_HOPPER_SM90A: 1 while nvcc compiles device code for those targets.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -164,16 +166,12 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* 
 #endif
 }
 
-// fence.proxy.async.shared::cta (parallel-synchronization-and-communication-instructions-membar):
-// orders this thread's generic-proxy accesses to shared memory before its later async-proxy ones
-// (and the other way). Needed where ordinary stores write shared memory that wgmma or the copy
-// engine reads next; not needed between a TMA write and a wgmma read (both async proxy, ordered by
-// the mbarrier).
-__device__ inline void fence_proxy_async_shared() {
-#if FLASH_HOPPER_SM90
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-}
+// fence.proxy.async.shared::cta (parallel-synchronization-and-communication-instructions-membar),
+// from tensor_core.cuh, where stage 11's bulk copies need it first: orders this thread's
+// generic-proxy accesses to shared memory before its later async-proxy ones (and the other way).
+// Needed where ordinary stores write shared memory that wgmma or the copy engine reads next; not
+// needed between a TMA write and a wgmma read (both async proxy, ordered by the mbarrier).
+using tensor_core::fence_proxy_async_shared;
 
 // =============================================================================================
 // Named barriers (parallel-synchronization-and-communication-instructions-bar-barrier): 16 per

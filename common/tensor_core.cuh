@@ -160,6 +160,56 @@ __device__ inline void red_add_f32x2(float* address, float lo, float hi) {
 #endif
 }
 
+// fence.proxy.async.shared::cta (PTX ISA, "Memory consistency model: proxies" and "membar/fence"):
+// orders this thread's ordinary (generic-proxy) accesses to shared memory before its later
+// async-proxy ones, the path of the bulk copies below and of stage 12's TMA and wgmma. A bulk copy
+// reads shared memory that ordinary stores wrote only after each writer has fenced and a barrier (or
+// __syncwarp) has ordered the writers before the thread that issues the copy. sm_90 on; nothing below.
+__device__ inline void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+// cp.reduce.async.bulk .add.f32 (PTX ISA, "Data movement and conversion instructions:
+// cp.reduce.async.bulk"): global[i] += shared[i] for `bytes` / 4 floats, by the copy engine, in the
+// background; one thread issues it. Both addresses 16-byte aligned, bytes a multiple of 16. Like
+// red.global.add, the additions are atomic per element and their order among blocks is not fixed.
+// Completion is tracked per issuing thread in bulk groups (bulk_commit, bulk_wait_read, bulk_wait).
+// sm_90 on; nothing below, where a caller must not use it.
+__device__ inline void bulk_reduce_add_f32(float* global_dst, const float* shared_src, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(global_dst),
+               "r"(shared_address(shared_src)), "r"(bytes)
+               : "memory");
+#endif
+}
+
+// cp.async.bulk.commit_group: closes the group of bulk copies this thread issued since the last one.
+__device__ inline void bulk_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+#endif
+}
+
+// cp.async.bulk.wait_group.read: waits until at most kPending of this thread's bulk groups have not yet
+// finished reading their source, so that the shared memory they read may be written again.
+template <int kPending>
+__device__ inline void bulk_wait_read() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+// cp.async.bulk.wait_group: waits until at most kPending of this thread's bulk groups are incomplete,
+// their writes to global memory included.
+template <int kPending>
+__device__ inline void bulk_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
 // Programmatic dependent launch (PTX ISA, "griddepcontrol"; CUDA Programming Guide, "Programmatic
 // Dependent Launch and Synchronization": compute capability 9.0 on). launch_dependents: the grid the
 // host launched after this one with cudaLaunchAttributeProgrammaticStreamSerialization may be

@@ -7,7 +7,8 @@ a swizzled shared tile, the addresses each lane passes, the registers each lane 
 A, B and accumulator fragments. It checks, with small integers (exact in floating point), that
   warp_tile_abt      gives dk_dv_kernel's Br/2 x 32 warp tiles of S = Q K^T,
   the P store and warp_tile_ab's ldmatrix.trans read-back give its dV = P^T dO (and dK = dS^T Q),
-  warp_tile_ab without the transpose gives its share of dQ = dS K,
+  warp_tile_ab without the transpose gives its share of dQ = dS K, and DqShare's accumulator layout
+  with convert_dq_kernel's index arithmetic gives every element of the share back in its row,
   warp_gemm_abt and warp_gemm_acc_b give dq_kernel's S = Q K^T and dQ += dS K,
 for the kernels' tile shapes. The index expressions are copied from the kernel file: change them
 there, change them here. A CPU test (ctest -L stage11); the GPU sweep is what proves the kernel.
@@ -141,11 +142,30 @@ for D,BR in [(32,64),(64,64),(128,64),(64,128)]:  # head_dim, query rows per ste
         assert close(tile_matrix(dv,D//16),ref),("dV",D,BR,w)
     # dQ share = dS K (S standing in for dS), dS read as stored
     wc=2 if D==32 or D<BR else 4; wr=WARPS//wc; mt=BR//16//wr; nbq=D//8//wc
+    part=mt*nbq*4*32; accum=[None]*(WARPS*part)
     for w in range(WARPS):
         dq_row,dq_dim=(w//wc)*mt*16,(w%wc)*nbq*8
         dq=warp_tile_ab(mt,nbq,BC,False,pt,dq_row,kt,dq_dim)
         ref=[[sum(S_ref[i][key]*K[key][dq_dim+c] for key in range(BC)) for c in range(nbq*8)] for i in range(dq_row,dq_row+16*mt)]
         assert close(tile_matrix(dq,nbq),ref),("dQ share",D,BR,w)
+        # DqShare's accumulator layout: warp w's part from w * part, lane L's acc[m][nb][0..3] as
+        # float4 number (m * nbq + nb) * 32 + L
+        for m in range(mt):
+            for L in range(32):
+                for nb in range(nbq):
+                    for c in range(4): accum[w*part+((m*nbq+nb)*32+L)*4+c]=dq[m][L][nb][c]
+    # convert_dq_kernel's index arithmetic puts every element of the tile back in its row, once
+    out=[[None]*D for _ in range(BR)]
+    for i in range(BR*D//4):
+        in_tile=i%(BR*D//4); warp=in_tile//(part//4); frag=in_tile%(part//4)//32; lane=in_tile%32
+        row=(warp//wc)*mt*16+frag//nbq*16+lane//4
+        dim=(warp%wc)*nbq*8+frag%nbq*8+2*(lane%4)
+        for h in range(2):
+            for e in range(2):
+                assert out[row+8*h][dim+e] is None,("dQ layout overlaps",D,BR,i)
+                out[row+8*h][dim+e]=accum[4*i+2*h+e]
+    ref=[[sum(S_ref[i][key]*K[key][c] for key in range(BC)) for c in range(D)] for i in range(BR)]
+    assert close(out,ref),("dQ accumulator layout",D,BR)
     print("dk_dv fragment paths OK", D, BR, WARPS)
 
 # dq_kernel: S = Q K^T per warp, then dQ += S K (acc as A, K transposed)

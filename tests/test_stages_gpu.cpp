@@ -544,6 +544,25 @@ std::vector<Case> stage11_under_rtx_limit(const std::vector<Case>& cases) {
 INSTANTIATE_TEST_SUITE_P(Stage11NarrowStep, BackwardSweep,
                          ::testing::ValuesIn(stage11_under_rtx_limit(backward_sweep())), case_name);
 
+// And the way stage 11 adds dQ's shares: through shared memory and one bulk copy per warp on this GPU
+// (stage11::backward_bulk_dq), by red.global.add from registers where a block has no room for the
+// staging, as under an A100's 163 KiB at head_dim 64 and 128. Its bf16 cases at those head_dims again
+// under that limit, so that this GPU runs the red.global.add path too (the path does not depend on the
+// dtype; head_dim 32's block fits its staging under 163 KiB).
+std::vector<Case> stage11_under_a100_limit(const std::vector<Case>& cases) {
+  constexpr int kA100LimitKib = 163;
+  std::vector<Case> limited;
+  for (Case c : cases)
+    if (!c.exercise && c.stage_number == 11 && c.problem.head_dim != 32 && c.problem.dtype == flash::DType::kBf16) {
+      c.smem_limit_kib = kA100LimitKib;
+      limited.push_back(c);
+    }
+  return limited;
+}
+
+INSTANTIATE_TEST_SUITE_P(Stage11RedAdd, BackwardSweep,
+                         ::testing::ValuesIn(stage11_under_a100_limit(backward_sweep())), case_name);
+
 class StageSharedMemory : public ::testing::TestWithParam<registry::Stage> {
  protected:
   void SetUp() override {

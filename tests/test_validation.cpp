@@ -221,13 +221,16 @@ TEST_P(StageWithBackward, BackwardRefusesDtypeItLacks) {
 }
 
 // The backward's workspace is O(N): at most one fp32 per query row for D plus, where dQ is summed
-// with atomics, head_dim fp32 per row for its accumulator (and 16 bytes of alignment).
+// with atomics, head_dim fp32 per row for its accumulator, whose rows may be rounded up to whole query
+// tiles of at most kMaxTileRows per head (and 16 bytes of alignment).
 TEST_P(StageWithBackward, BackwardWorkspaceIsLinear) {
+  constexpr size_t kBatchHeads = 2 * 4, kMaxTileRows = 128;
   for (int seq : {1, 1000, 65536}) {
-    const size_t rows = 2u * 4u * static_cast<size_t>(seq);
+    const size_t rows = kBatchHeads * static_cast<size_t>(seq);
+    const size_t accum_rows = stage().backward_atomic ? rows + kBatchHeads * (kMaxTileRows - 1) : 0;
     const size_t bytes = stage().backward_workspace_size(2, 4, 2, seq, 3 * seq, 64);
     EXPECT_GE(bytes, rows * sizeof(float)) << "seq " << seq;
-    EXPECT_LE(bytes, rows * (stage().backward_atomic ? 65 : 1) * sizeof(float) + 16) << "seq " << seq;
+    EXPECT_LE(bytes, (rows + accum_rows * 64) * sizeof(float) + 16) << "seq " << seq;
   }
   EXPECT_EQ(stage().backward_workspace_size(0, 4, 2, 10, 10, 64), 0u);
 }
@@ -252,9 +255,9 @@ TEST(stage11_backward_tc, RegistryEntry) {
   EXPECT_TRUE(s->backward_atomic);
   EXPECT_EQ(s->min_compute_capability, 80);
   EXPECT_FALSE(registry::find(7)->backward_atomic);
-  // The workspace: D (rounded up to 16 bytes), then the fp32 dQ accumulator.
-  EXPECT_EQ(s->backward_workspace_size(1, 1, 1, 3, 5, 64), 16u + 3u * 64u * sizeof(float));
-  EXPECT_EQ(s->backward_workspace_size(2, 8, 2, 1000, 7, 128), 2u * 8u * 1000u * 129u * sizeof(float));
+  // The workspace: D (rounded up to 16 bytes), then the fp32 dQ accumulator, seq_q rounded up to 128.
+  EXPECT_EQ(s->backward_workspace_size(1, 1, 1, 3, 5, 64), 16u + 128u * 64u * sizeof(float));
+  EXPECT_EQ(s->backward_workspace_size(2, 8, 2, 1000, 7, 128), 2u * 8u * (1000u + 1024u * 128u) * sizeof(float));
 }
 
 // What the lesson quotes: the shared memory of each kernel's block, per head_dim and mode.
@@ -289,6 +292,26 @@ TEST(stage11_backward_tc, StepRowsPerGpu) {
   EXPECT_EQ(stage11::backward_step_rows(64, 99u * 1024), 64);
   for (int d : {32, 128}) EXPECT_EQ(stage11::backward_step_rows(d, SIZE_MAX), 64) << "head_dim " << d;
   EXPECT_EQ(stage11::backward_step_rows(48, SIZE_MAX), 0);
+}
+
+// dQ's shares go through shared memory and the copy engine on compute capability 9.0 on, where the
+// K/V-tile kernel's block has room for one query tile of dQ in fp32 beside its tiles: every head_dim
+// on an H100 (227 KiB), none at 128 or 64 under an A100's 163 KiB (there the step's tiles alone take
+// 161 and 162 KiB), and head_dim 32 (65 KiB + 16) but not 64 (97 KiB + 32) under an RTX card's 99.
+TEST(stage11_backward_tc, BulkDqPerGpu) {
+  for (int d : {32, 64, 128}) {
+    EXPECT_TRUE(stage11::backward_bulk_dq(d, 90, 227u * 1024)) << "head_dim " << d;
+    EXPECT_FALSE(stage11::backward_bulk_dq(d, 80, SIZE_MAX)) << "head_dim " << d << ": no bulk reductions before sm_90";
+    EXPECT_FALSE(stage11::backward_bulk_dq(d, 90, 48u * 1024)) << "head_dim " << d;
+  }
+  for (int d : {64, 128}) EXPECT_FALSE(stage11::backward_bulk_dq(d, 90, 163u * 1024)) << "head_dim " << d;
+  EXPECT_TRUE(stage11::backward_bulk_dq(32, 90, 99u * 1024));
+  EXPECT_FALSE(stage11::backward_bulk_dq(64, 90, 99u * 1024));
+  // Exactly at the block's size: d128's 161 KiB of tiles and 64 x 128 x 4 bytes of dQ.
+  const size_t d128_bytes = stage11::backward_shared_bytes(128, false) + 64 * 128 * sizeof(float);
+  EXPECT_TRUE(stage11::backward_bulk_dq(128, 90, d128_bytes));
+  EXPECT_FALSE(stage11::backward_bulk_dq(128, 90, d128_bytes - 1));
+  EXPECT_FALSE(stage11::backward_bulk_dq(48, 90, SIZE_MAX));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@
 namespace stage11 {
 
 // The workspace one backward call needs, in bytes: D = rowsum(dO o O), one fp32 per query row
-// (rounded up to 16 bytes), then the fp32 dQ accumulator, head_dim floats per query row. O(N):
+// (rounded up to 16 bytes), then the fp32 dQ accumulator, head_dim floats per query row, seq_q
+// rounded up to a multiple of 128 (the accumulator holds whole query tiles). O(N):
 // batch * heads_q * seq_q * (head_dim + 1) * 4 bytes, give or take the rounding. The deterministic
 // mode uses only the first part, but the size is the same for both modes. 0 for sizes < 1.
 size_t backward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
@@ -36,6 +37,13 @@ size_t backward_shared_bytes(int head_dim, bool deterministic);
 // bytes: 128 at head_dim 64 where their 162 KiB fit (an A100, an H100), 64 otherwise; 0 for a head_dim
 // this stage does not take. No CUDA call: backward passes flash::shared_memory_limit.
 int backward_step_rows(int head_dim, size_t shared_limit);
+
+// Whether the default mode adds dQ's shares through shared memory and the copy engine
+// (cp.reduce.async.bulk, compute capability 9.0 on: `compute_capability` is 10 * major + minor) rather
+// than by red.global.add from registers: where the K/V-tile kernel's block, with backward_step_rows's
+// rows, still fits shared_limit bytes with one query tile's share of dQ in fp32 (Br * head_dim * 4
+// bytes) beside it. No CUDA call.
+bool backward_bulk_dq(int head_dim, int compute_capability, size_t shared_limit);
 
 // dQ, dK, dV from d_o (dO), given the forward's O and lse (which may not be null here) for the same
 // q, k, v, scale and causal. dtype is kFp16 or kBf16 (anything else: kDtypeNotSupported).

@@ -16,8 +16,11 @@
 //      barrier read them back, transposed, as the A operands of
 //        dV += P^T dO,  dK += dS^T Q     (32 keys x d/2 dims per warp)
 //      and, in the default mode, as stored for the block's share of dQ, dS K, added into the fp32
-//      accumulator with red.global.add.f32.
-//   3a. default mode, convert_dq_kernel: dQ = scale * accumulator, rounded to the dtype.
+//      accumulator: on Hopper, each warp stages its part in shared memory and one bulk copy adds it
+//      (cp.reduce.async.bulk); elsewhere, or where shared memory has no room for the staging, each
+//      lane adds its accumulators with red.global.add.
+//   3a. default mode, convert_dq_kernel: dQ = scale * accumulator, rounded to the dtype, its rows put
+//      back in order (the accumulator is laid out as the warps hold dQ's shares: DqShare).
 //   3b. deterministic mode, dq_kernel: no atomics. dk_dv_kernel leaves dQ alone and this kernel,
 //      one block per query tile, streams the K/V tiles the way the forward does and recomputes
 //      S, P, dP and dS to sum dQ_i = scale * sum_j dS_ij K_j in registers in key order (stage 07's
@@ -52,12 +55,25 @@ struct QueryTileConfig {
   static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
 };
 
+// How dk_dv_kernel adds a step's share of dQ into the fp32 accumulator (the default mode), or that it
+// does not (deterministic mode, where dq_kernel computes dQ).
+enum class DqMode {
+  kSecondPass,  // deterministic: dk_dv_kernel leaves dQ to dq_kernel
+  kRedAdd,      // each lane adds its accumulators, red.global.add from registers
+  kBulkAdd,     // each warp stages its part in shared memory, one cp.reduce.async.bulk adds it (sm_90)
+};
+
 namespace kernel_detail {
 
+using tensor_core::bulk_commit;
+using tensor_core::bulk_reduce_add_f32;
+using tensor_core::bulk_wait;
+using tensor_core::bulk_wait_read;
 using tensor_core::cp_async_16;
 using tensor_core::cp_async_commit;
 using tensor_core::cp_async_wait;
 using tensor_core::exp2_approx;
+using tensor_core::fence_proxy_async_shared;
 using tensor_core::ldmatrix_x4;
 using tensor_core::ldmatrix_x4_trans;
 using tensor_core::mma_m16n8k16;
@@ -235,9 +251,37 @@ __device__ void warp_tile_ab(float (&acc)[kMTiles][kNBlocks][4], Element (*a_til
   }
 }
 
+// A step's share of dQ in dk_dv_kernel, dS K_j [Br x d], and where it goes in the fp32 accumulator.
+// The warps split it kWarpRows x kWarpCols: 4 columns of warps unless the share is narrower than it is
+// tall (d < Br) or too narrow for 4 (d = 32), then 2, so that each warp's tile is as near square as the
+// grid allows (the fewest operand rows read per output).
+// The accumulator is not laid out row by row but as the warps hold the share: query tile qt of query
+// head bh takes Br x d floats from (bh * num_q_tiles + qt) * Br * d, warp w's part kWarpFloats of
+// them from there, and in it lane l's accumulator acc[m][nb][0..3] is float4 number
+// (m * kNBlocks + nb) * 32 + l. Each warp then adds one contiguous block: one bulk copy from shared
+// memory written without bank conflicts, or red.global.add instructions that each cover 256
+// contiguous bytes. Rows past seq_q in a head's last tile have room there, and get zeros (their P is 0).
+// convert_dq_kernel, which reads the accumulator once anyway, puts the rows back in order.
+template <int kHeadDim, class Config>
+struct DqShare {
+  static constexpr int kWarpCols = kHeadDim == 32 || kHeadDim < Config::kBlockRows ? 2 : 4;
+  static constexpr int kWarpRows = Config::kWarps / kWarpCols;
+  static constexpr int kMTiles = Config::kBlockRows / kMmaM / kWarpRows;  // per warp
+  static constexpr int kNBlocks = kHeadDim / kMmaN / kWarpCols;           // per warp
+  static constexpr int kWarpFloats = kMTiles * kNBlocks * 4 * 32;        // a warp's part
+  static constexpr int kTileFloats = Config::kWarps * kWarpFloats;       // Br x d
+  static_assert(kNBlocks % 2 == 0 && kMTiles >= 1, "n-blocks in pairs (ldmatrix.x4)");
+  static_assert(kTileFloats == Config::kBlockRows * kHeadDim, "the warps cover the share once");
+  // The warp's first row (of the query tile) and first dimension.
+  __host__ __device__ static constexpr int first_row(int warp) { return (warp / kWarpCols) * kMTiles * kMmaM; }
+  __host__ __device__ static constexpr int first_dim(int warp) { return (warp % kWarpCols) * kNBlocks * kMmaN; }
+};
+
 // The shared memory of dk_dv_kernel. K and V for the whole block; Q and dO (with their rows' lse and
 // D) double-buffered so that query tile i + 1 is copied while i is computed; P and dS of the step,
 // [query][key], written by the warps that compute them and read by the warps that multiply them.
+// With DqMode::kBulkAdd the launcher adds DqShare::kTileFloats floats after it: each warp's staging
+// buffer for its part of dQ.
 template <typename Element, int kHeadDim, class Config>
 struct KeyTileShared {
   Element k[Config::kBlockCols][kHeadDim];
@@ -262,11 +306,13 @@ struct QueryTileShared {
 }  // namespace kernel_detail
 
 // 1. D_i = dO_i . O_i in fp32, kHeadDim / 8 lanes per row, each reading 16 bytes of dO and of O; the
-// lanes of a row are neighbours in the warp and sum by butterfly. With dq_accum not null, the same
-// threads zero its rows (the default mode's accumulator), so no memset is needed.
+// lanes of a row are neighbours in the warp and sum by butterfly. The default mode's accumulator
+// (accum_vectors runs of 8 floats, the padding rows of DqShare's layout included) is zeroed by the
+// same launch, thread i its i-th run, so that no memset is needed; the launcher covers both counts.
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(256)
-    row_dot_kernel(const Element* d_o, const Element* o, float* d_rows, float* dq_accum, long long num_rows) {
+    row_dot_kernel(const Element* d_o, const Element* o, float* d_rows, long long num_rows, float* dq_accum,
+                   long long accum_vectors) {
   using namespace kernel_detail;
   constexpr int kLanesPerRow = kHeadDim / kVecElems;
   static_assert(kLanesPerRow >= 1 && 32 % kLanesPerRow == 0, "a row's lanes within one warp");
@@ -286,20 +332,20 @@ __global__ void __launch_bounds__(256)
       sum = fmaf(x.x, y.x, sum);
       sum = fmaf(x.y, y.y, sum);
     }
-    if (dq_accum) {
-      float4* dst = reinterpret_cast<float4*>(dq_accum + row * kHeadDim + c);
-      dst[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      dst[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    }
+  }
+  if (thread < accum_vectors) {
+    float4* dst = reinterpret_cast<float4*>(dq_accum + thread * kVecElems);
+    dst[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    dst[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
 #pragma unroll
   for (int offset = kLanesPerRow / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullWarp, sum, offset);
   if (row < num_rows && c == 0) d_rows[row] = sum;
 }
 
-// 2. dK_j, dV_j of one K/V tile of one K/V head, and (kAtomicDq) the tile's share of dQ. See the top
-// of this file for the products; the comments below follow them step by step.
-template <typename Element, int kHeadDim, bool kCausal, bool kAtomicDq, class Config>
+// 2. dK_j, dV_j of one K/V tile of one K/V head, and (unless kDq is kSecondPass) the tile's share of dQ.
+// See the top of this file for the products; the comments below follow them step by step.
+template <typename Element, int kHeadDim, bool kCausal, DqMode kDq, class Config>
 __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
     dk_dv_kernel(const Element* q, const Element* k, const Element* v, const Element* d_o, const float* lse,
                  const float* d_rows, float* dq_accum, Element* dk, Element* dv, int heads_q, int heads_kv,
@@ -312,21 +358,17 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
   // The warps tile each product in two dimensions (FlashAttention-2's backward):
   //   S, dP [Br x Bc]: 2 x 4 warps of Br/2 queries x 32 keys;
   //   dV, dK [Bc x d]: 4 x 2 warps of 32 keys x d/2 dims, held in registers for the whole block;
-  //   dQ's share [Br x d]: kDqWarpRows x kDqWarpCols warps, 4 columns of warps unless the share is
-  //   narrower than it is tall (d < Br) or too narrow for 4 (d = 32): 2 columns, so that each warp's
-  //   tile is as near square as the grid allows (the fewest operand rows read per output).
+  //   dQ's share [Br x d]: as DqShare says.
   static_assert(Config::kWarps == 8 && kBlockRows % 32 == 0 && kBlockCols == 128,
                 "the warp grids below: 8 warps, Br a multiple of 32, Bc = 128");
   constexpr int kScoreMTiles = kBlockRows / 32, kScoreNBlocks = 4;  // Br/2 x 32 of S and dP per warp
   constexpr int kGradMTiles = 2, kGradNBlocks = kHeadDim / 16;      // 32 keys x d/2 of dK and dV per warp
-  constexpr int kDqWarpCols = kHeadDim == 32 || kHeadDim < kBlockRows ? 2 : 4;
-  constexpr int kDqWarpRows = Config::kWarps / kDqWarpCols;
-  constexpr int kDqMTiles = kBlockRows / kMmaM / kDqWarpRows;
-  constexpr int kDqNBlocks = kHeadDim / kMmaN / kDqWarpCols;
-  static_assert(kGradNBlocks % 2 == 0 && kDqNBlocks % 2 == 0 && kDqMTiles >= 1, "n-blocks in pairs (ldmatrix.x4)");
+  using Share = DqShare<kHeadDim, Config>;
+  static_assert(kGradNBlocks % 2 == 0, "n-blocks in pairs (ldmatrix.x4)");
   static_assert(sizeof(Shared) % 16 == 0 && sizeof(Element) == 2, "16-bit elements, 16-byte rows");
   extern __shared__ uint4 shared_raw[];
   Shared& tile = *reinterpret_cast<Shared*>(shared_raw);
+  float* dq_staging = reinterpret_cast<float*>(&tile + 1);  // kBulkAdd: after the tiles (16-byte aligned)
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -474,28 +516,49 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
     warp_tile_ab<kGradMTiles, kGradNBlocks, kBlockRows, true, kBlockCols, kHeadDim, Element>(
         acc_dk, tile.ds, grad_key, tile.q[buf], grad_dim, lane);
 
-    if constexpr (kAtomicDq) {
-      // dQ_i += dS K_j, this block's share, added into the fp32 accumulator.
-      const int dq_row = (warp / kDqWarpCols) * kDqMTiles * kMmaM;
-      const int dq_dim = (warp % kDqWarpCols) * kDqNBlocks * kMmaN;
-      float acc_dq[kDqMTiles][kDqNBlocks][4] = {};
-      warp_tile_ab<kDqMTiles, kDqNBlocks, kBlockCols, false, kBlockCols, kHeadDim, Element>(acc_dq, tile.ds, dq_row,
-                                                                                            tile.k, dq_dim, lane);
+    if constexpr (kDq != DqMode::kSecondPass) {
+      // dQ_i += dS K_j, this block's share, added into the fp32 accumulator at the warp's part of the
+      // tile (DqShare).
+      float acc_dq[Share::kMTiles][Share::kNBlocks][4] = {};
+      warp_tile_ab<Share::kMTiles, Share::kNBlocks, kBlockCols, false, kBlockCols, kHeadDim, Element>(
+          acc_dq, tile.ds, Share::first_row(warp), tile.k, Share::first_dim(warp), lane);
+      const long long tile_index = bh * num_q_tiles + first_row / kBlockRows;
+      float* part = dq_accum + (tile_index * Config::kWarps + warp) * Share::kWarpFloats;
+      if constexpr (kDq == DqMode::kBulkAdd) {
+        // Registers to the warp's staging buffer, conflict-free (each lane's 16 bytes, lane after lane),
+        // and the copy engine adds the buffer while the warps go on: no register waits for the
+        // additions. The copy of step - 1 has long finished reading the buffer; lane 0, which issued
+        // it, makes sure before any lane writes.
+        float4* staging = reinterpret_cast<float4*>(dq_staging + warp * Share::kWarpFloats);
+        if (lane == 0) bulk_wait_read<0>();
+        __syncwarp();
 #pragma unroll
-      for (int m = 0; m < kDqMTiles; ++m)
+        for (int m = 0; m < Share::kMTiles; ++m)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = first_row + dq_row + m * kMmaM + group + 8 * half;
-          if (row >= seq_q) continue;
-          float* dst = dq_accum + (bh * seq_q + row) * kHeadDim + dq_dim + 2 * thread_in_group;
-#pragma unroll
-          for (int nb = 0; nb < kDqNBlocks; ++nb)
-            red_add_f32x2(dst + nb * kMmaN, acc_dq[m][nb][2 * half], acc_dq[m][nb][2 * half + 1]);
+          for (int nb = 0; nb < Share::kNBlocks; ++nb)
+            staging[(m * Share::kNBlocks + nb) * 32 + lane] =
+                make_float4(acc_dq[m][nb][0], acc_dq[m][nb][1], acc_dq[m][nb][2], acc_dq[m][nb][3]);
+        fence_proxy_async_shared();  // each lane's stores, before the copy engine's reads
+        __syncwarp();
+        if (lane == 0) {
+          bulk_reduce_add_f32(part, dq_staging + warp * Share::kWarpFloats, Share::kWarpFloats * sizeof(float));
+          bulk_commit();
         }
+      } else {
+#pragma unroll
+        for (int m = 0; m < Share::kMTiles; ++m)
+#pragma unroll
+          for (int nb = 0; nb < Share::kNBlocks; ++nb) {
+            float* dst = part + ((m * Share::kNBlocks + nb) * 32 + lane) * 4;
+            red_add_f32x2(dst, acc_dq[m][nb][0], acc_dq[m][nb][1]);
+            red_add_f32x2(dst + 2, acc_dq[m][nb][2], acc_dq[m][nb][3]);
+          }
+      }
     }
     current = next;
   }
   cp_async_wait<0>();  // nothing may be in flight when the block exits (num_steps = 0: K and V)
+  if (kDq == DqMode::kBulkAdd && lane == 0) bulk_wait<0>();  // nor a bulk copy reading the staging buffers
 
   // dK = scale * dS^T Q and dV, rounded to Element; every key of the tile is written, zeros for keys
   // no query sees (causal).
@@ -516,22 +579,30 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
     }
 }
 
-// 3a. dQ = scale * the fp32 accumulator, rounded to Element; 8 elements (two float4 in, one uint4
-// out) per thread.
-template <typename Element>
+// 3a. dQ = scale * the fp32 accumulator, rounded to Element, each row back in its place: thread i
+// reads float4 number i of the accumulator (DqShare's layout: one lane's acc[m][nb][0..3] of one warp's
+// part of one query tile) and writes its two pairs, to row r and row r + 8 of that tile.
+template <typename Element, int kHeadDim, class Config>
 __global__ void __launch_bounds__(256)
-    convert_dq_kernel(const float* dq_accum, Element* dq, long long num_vectors, float scale) {
-  using kernel_detail::pack2;
+    convert_dq_kernel(const float* dq_accum, Element* dq, long long num_float4, int seq_q, int num_q_tiles,
+                      float scale) {
+  using namespace kernel_detail;
+  using Share = DqShare<kHeadDim, Config>;
   const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= num_vectors) return;
-  const float4 a = reinterpret_cast<const float4*>(dq_accum)[2 * i];
-  const float4 b = reinterpret_cast<const float4*>(dq_accum)[2 * i + 1];
-  uint4 out;
-  out.x = pack2<Element>(a.x * scale, a.y * scale);
-  out.y = pack2<Element>(a.z * scale, a.w * scale);
-  out.z = pack2<Element>(b.x * scale, b.y * scale);
-  out.w = pack2<Element>(b.z * scale, b.w * scale);
-  reinterpret_cast<uint4*>(dq)[i] = out;
+  if (i >= num_float4) return;
+  const float4 a = reinterpret_cast<const float4*>(dq_accum)[i];
+  const long long tile_index = i / (Share::kTileFloats / 4);
+  const int in_tile = static_cast<int>(i % (Share::kTileFloats / 4));
+  const int warp = in_tile / (Share::kWarpFloats / 4);
+  const int fragment = in_tile % (Share::kWarpFloats / 4) / 32;  // m * kNBlocks + nb
+  const int lane = in_tile % 32;
+  const long long bh = tile_index / num_q_tiles;
+  const int row = static_cast<int>(tile_index % num_q_tiles) * Config::kBlockRows + Share::first_row(warp) +
+                  fragment / Share::kNBlocks * kMmaM + lane / 4;
+  const int dim = Share::first_dim(warp) + fragment % Share::kNBlocks * kMmaN + 2 * (lane % 4);
+  Element* out = dq + (bh * seq_q + row) * kHeadDim + dim;
+  if (row < seq_q) *reinterpret_cast<uint32_t*>(out) = pack2<Element>(a.x * scale, a.y * scale);
+  if (row + 8 < seq_q) *reinterpret_cast<uint32_t*>(out + 8 * kHeadDim) = pack2<Element>(a.z * scale, a.w * scale);
 }
 
 // 3b. Deterministic mode: dQ of one query tile, streaming K/V tiles in key order, recomputing
