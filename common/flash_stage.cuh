@@ -250,16 +250,23 @@ inline Status check_half_dtype(DType dtype) {
   return Status{};
 }
 
-// Refuses a GPU older than compute capability `needed` (80 for 8.0): mma.sync with bf16, ldmatrix and
-// cp.async arrived with Ampere, and a kernel built without them would do nothing.
-inline Status check_compute_capability(int needed) {
+// The current device's compute capability as 10 * major + minor (90 for an H100).
+inline Status compute_capability(int* cc) {
   int device = 0, major = 0, minor = 0;
   Status s = cuda_status(cudaGetDevice(&device));
   if (s.ok()) s = cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   if (s.ok()) s = cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (s.ok()) *cc = 10 * major + minor;
+  return s;
+}
+
+// Refuses a GPU older than compute capability `needed` (80 for 8.0): mma.sync with bf16, ldmatrix and
+// cp.async arrived with Ampere, and a kernel built without them would do nothing.
+inline Status check_compute_capability(int needed) {
+  int cc = 0;
+  const Status s = compute_capability(&cc);
   if (!s.ok()) return s;
-  if (10 * major + minor < needed)
-    return make_status(StatusCode::kArchNotSupported, "device", 10 * major + minor, needed);
+  if (cc < needed) return make_status(StatusCode::kArchNotSupported, "device", cc, needed);
   return Status{};
 }
 

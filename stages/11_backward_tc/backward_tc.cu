@@ -10,9 +10,9 @@
 namespace stage11 {
 namespace {
 
-constexpr int kMinComputeCapability = 80;  // mma.sync with bf16, ldmatrix, cp.async (sm_80)
+constexpr int kMinComputeCapability = 80;   // mma.sync with bf16, ldmatrix, cp.async (sm_80)
 constexpr int kBulkComputeCapability = 90;  // cp.reduce.async.bulk (sm_90)
-constexpr int kRowDotThreads = 256;        // row_dot_kernel and convert_dq_kernel
+constexpr int kRowDotThreads = 256;         // row_dot_kernel and convert_dq_kernel
 
 // dk_dv_kernel: KeyTileConfig<warps, query rows per step, blocks per SM>, 128 keys per block as
 // FlashAttention-2's backward; the registers it takes leave one block per SM. dq_kernel (deterministic
@@ -65,16 +65,6 @@ auto key_tile_kernel(DqMode mode) {
     case DqMode::kRedAdd: return dk_dv_kernel<Element, kHeadDim, kCausal, DqMode::kRedAdd, KeyTile>;
     default: return dk_dv_kernel<Element, kHeadDim, kCausal, DqMode::kBulkAdd, KeyTile>;
   }
-}
-
-// The compute capability of the current device as 10 * major + minor.
-flash::Status compute_capability(int* cc) {
-  int device = 0, major = 0, minor = 0;
-  flash::Status s = flash::cuda_status(cudaGetDevice(&device));
-  if (s.ok()) s = flash::cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (s.ok()) s = flash::cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (s.ok()) *cc = 10 * major + minor;
-  return s;
 }
 
 // The least shared memory a call at kHeadDim needs: the 64-row step's. The shapes do not depend on the
@@ -164,7 +154,7 @@ flash::Status launch_for_head_dim(const void* q, const void* k, const void* v, c
   size_t limit = 0;
   int cc = 0;
   flash::Status status = flash::shared_memory_limit(&limit);
-  if (status.ok()) status = compute_capability(&cc);
+  if (status.ok()) status = flash::compute_capability(&cc);
   if (!status.ok()) return status;
   const bool bulk = !deterministic && backward_bulk_dq(head_dim, cc, limit);
   switch (head_dim) {
