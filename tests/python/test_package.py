@@ -258,8 +258,9 @@ def test_tensor_core_backward_in_the_listing():
         for causal in (False, True):
             assert flash_stages.default_stage(dtype, 64, causal, seq_q=1024).number == 11
     assert flash_stages.default_stage("float32", 64, True).number == 7
-    # The workspace: D and the fp32 dQ accumulator, O(N).
-    assert flash_stages.backward_workspace_bytes(11, 2, 8, 2, 1000, 7, 128) == 2 * 8 * 1000 * 129 * 4
+    # The workspace: D and the fp32 dQ accumulator, O(N); the accumulator's rows are whole query tiles
+    # (seq_q rounded up to 128).
+    assert flash_stages.backward_workspace_bytes(11, 2, 8, 2, 1000, 7, 128) == 2 * 8 * (1000 + 1024 * 128) * 4
 
 
 def c_backward(stage, ptrs, dims, *, dtype=2, deterministic=0, workspace_bytes=0):
