@@ -5,7 +5,8 @@
 // algorithm and this file as the instruction set.
 // The fragment layouts the wrappers assume are drawn in docs/theory/11_tensor_cores.md. All of them
 // need compute capability 8.0 (mma.sync with bf16, ldmatrix, cp.async); a stage that uses them
-// checks the GPU before it launches.
+// checks the GPU before it launches. The few that Hopper (sm_90) adds say so, and what they compile to
+// below it.
 #pragma once
 
 #include <cuda_bf16.h>

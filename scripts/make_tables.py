@@ -55,6 +55,7 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
               and the speed-up; 2D warp grids at both head_dims, then 128 query rows at head_dim 64
   stage11-order  the 2026-11-25 session's two kept changes, each against the kernel before it in the same
               call (h100_stage11_steps.txt, calls 10 and 13): ms per backward call, the fastest round
+  stage11-bulk   dQ's share added by one bulk copy per warp, and the lse/D loads a step ahead on top of it
   stage11-p-variants  the ways of placing P between the score products, and four changes on the kept
               kernel, each as a speed-up over the kernel it was timed against (h100_stage11_steps.txt,
               calls 11-16)
@@ -1263,6 +1264,36 @@ def stage11_p_variants_table():
     return "\n".join(lines)
 
 
+def stage11_bulk_table():
+    """dQ's share through shared memory and one bulk copy per warp (bulk-dq, calls 17 and 18, over p-mixed),
+    and the next tile's lse and D loaded a step ahead on top of it (call 18, over bulk-dq)."""
+    best = stage11_best_rounds((17, 18))
+    lines = ["| d | causal | N | before (ms) | dQ by bulk copy (ms) | speed-up | speed-up, again | "
+             "+ lse, D a step ahead |", "|---|---|---|---|---|---|---|---|"]
+    gains = [[], [], []]
+    for key in sorted(best[(17, "p-mixed")]):
+        d, causal, n = key
+        before, bulk = best[(17, "p-mixed")][key], best[(17, "bulk-dq")][key]
+        ratios = (before / bulk, best[(18, "p-mixed")][key] / best[(18, "bulk-dq")][key],
+                  best[(18, "bulk-dq")][key] / best[(18, "bulk-dq+lse-regs")][key])
+        for g, r in zip(gains, ratios):
+            g.append(r)
+        lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | {before:.3f} | {bulk:.3f} | " +
+                     " | ".join(f"{r:.2f}x" for r in ratios) + " |")
+    lines.append("| geometric mean | | | | | " + " | ".join(f"{geo_mean(g):.2f}x" for g in gains) + " |")
+    lines.append("")
+    lines.append("Stage 11's backward, bf16, default mode, ms per call on the benchmark's problem (B·N = 16384, "
+                 "H·d = 2048), NVIDIA H100 80GB HBM3. Before: the kernel of [block order and P before dP]"
+                 "(#block-order-and-p-before-dp), dQ's share added by `red.global.add.v2.f32` from registers. dQ by "
+                 "bulk copy: each warp's part staged in shared memory and added by one `cp.reduce.async.bulk`, "
+                 "kept (call 17; speed-up, again: the same two versions in call 18). + lse, D a step ahead: the "
+                 "next tile's lse and $D$ loaded into registers a step before they are stored to shared memory, "
+                 "over dQ by bulk copy (call 18), not kept. Each figure is the fastest of the call's two "
+                 "interleaved rounds of `flash-stages-bench`'s median. From `bench/results/h100_stage11_steps.txt`; "
+                 "the commands are in `bench/results/RUNS.md`.")
+    return "\n".join(lines)
+
+
 def stage11_2d_table():
     """The two-dimensional warp grids (call 5, both head_dims) and 128 rows per step at head_dim 64
     (call 6), each against key-rows, the kernel before them, timed in the same call: per cell the
@@ -1340,7 +1371,7 @@ def stage11_vs_fa2_table():
     Nsight Compute sections and metrics (h100_ncu_stage11_sections_dD.txt / _instmix_dD.csv and
     h100_ncu_fa2_bwd_sections_dD.txt / _instmix_dD.csv)."""
     kernels = (("stage 11 `dk_dv_kernel`, fifth session", "stage11", "dk_dv_kernel"),
-               ("stage 11 `dk_dv_kernel`, now", "stage11_p_mixed", "dk_dv_kernel"),
+               ("stage 11 `dk_dv_kernel`, 2026-11-25", "stage11_p_mixed", "dk_dv_kernel"),
                ("FlashAttention-2 `flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel`", "fa2_bwd",
                 "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel"))
     lines = ["| head_dim | kernel | time (ms) | instructions (M) | mma (M) | `ldmatrix` (M) | ALU pipe (M) | "
@@ -1363,7 +1394,8 @@ def stage11_vs_fa2_table():
                  "executed (`smsp__inst_executed*`). Local-memory requests: spills. The last four columns are "
                  "cycles per issued instruction, and the stall reasons' shares of them. Stage 11 at head_dim 64 "
                  "runs 128-row steps, as FlashAttention-2 does there. Fifth session: the kernel of 2026-11-23, "
-                 "before the step counters; now: the kernel on this page (2026-11-25). From "
+                 "before the step counters; 2026-11-25: the kernel of the first session of 2026-11-25, before dQ went "
+                 "through the copy engine. From "
                  "`bench/results/h100_ncu_stage11_sections_dD.txt` and `_instmix_dD.csv`, "
                  "`h100_ncu_stage11_p_mixed_sections_dD.txt` and `_instmix_dD.csv`, "
                  "`bench/results/h100_ncu_fa2_bwd_sections_dD.txt` and `_instmix_dD.csv`; the commands are in "
@@ -1508,6 +1540,7 @@ def tables():
            "stage11-backward-bf16": backward_tc_table("bf16"), "stage11-backward-fp16": backward_tc_table("fp16"),
            "stage11-steps": stage11_steps_table(), "stage11-2d": stage11_2d_table(),
            "stage11-order": stage11_order_table(), "stage11-p-variants": stage11_p_variants_table(),
+           "stage11-bulk": stage11_bulk_table(),
            "stage11-vs-fa2": stage11_vs_fa2_table()}
     if all((RESULTS / f"h100_ncu_stage11_d{d}{s}.csv").exists() for d in (64, 128) for s in ("", "_tensor")):
         out["ncu-stage11"] = ncu_stage_table(11)
