@@ -1372,6 +1372,7 @@ def stage11_vs_fa2_table():
     h100_ncu_fa2_bwd_sections_dD.txt / _instmix_dD.csv)."""
     kernels = (("stage 11 `dk_dv_kernel`, fifth session", "stage11", "dk_dv_kernel"),
                ("stage 11 `dk_dv_kernel`, 2026-11-25", "stage11_p_mixed", "dk_dv_kernel"),
+               ("stage 11 `dk_dv_kernel`, now (dQ by bulk copy)", "stage11_bulk", "dk_dv_kernel"),
                ("FlashAttention-2 `flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel`", "fa2_bwd",
                 "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel"))
     lines = ["| head_dim | kernel | time (ms) | instructions (M) | mma (M) | `ldmatrix` (M) | ALU pipe (M) | "
@@ -1395,11 +1396,12 @@ def stage11_vs_fa2_table():
                  "cycles per issued instruction, and the stall reasons' shares of them. Stage 11 at head_dim 64 "
                  "runs 128-row steps, as FlashAttention-2 does there. Fifth session: the kernel of 2026-11-23, "
                  "before the step counters; 2026-11-25: the kernel of the first session of 2026-11-25, before dQ went "
-                 "through the copy engine. From "
+                 "through the copy engine; now: the kernel on this page. From "
                  "`bench/results/h100_ncu_stage11_sections_dD.txt` and `_instmix_dD.csv`, "
                  "`h100_ncu_stage11_p_mixed_sections_dD.txt` and `_instmix_dD.csv`, "
+                 "`h100_ncu_stage11_bulk_sections_dD.txt` and `_instmix_dD.csv`, "
                  "`bench/results/h100_ncu_fa2_bwd_sections_dD.txt` and `_instmix_dD.csv`; the commands are in "
-                 "`bench/results/RUNS.md`, fifth section of 2026-11-23 and the section of 2026-11-25.")
+                 "`bench/results/RUNS.md`, fifth section of 2026-11-23 and the two sections of 2026-11-25.")
     return "\n".join(lines)
 
 
