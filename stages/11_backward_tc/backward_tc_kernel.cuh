@@ -529,19 +529,19 @@ __global__ void __launch_bounds__(Config::kWarps * 32, Config::kMinBlocksPerSm)
         // and the copy engine adds the buffer while the warps go on: no register waits for the
         // additions. The copy of step - 1 has long finished reading the buffer; lane 0, which issued
         // it, makes sure before any lane writes.
-        float4* staging = reinterpret_cast<float4*>(dq_staging + warp * Share::kWarpFloats);
+        float* staging = dq_staging + warp * Share::kWarpFloats;
         if (lane == 0) bulk_wait_read<0>();
         __syncwarp();
 #pragma unroll
         for (int m = 0; m < Share::kMTiles; ++m)
 #pragma unroll
           for (int nb = 0; nb < Share::kNBlocks; ++nb)
-            staging[(m * Share::kNBlocks + nb) * 32 + lane] =
+            reinterpret_cast<float4*>(staging)[(m * Share::kNBlocks + nb) * 32 + lane] =
                 make_float4(acc_dq[m][nb][0], acc_dq[m][nb][1], acc_dq[m][nb][2], acc_dq[m][nb][3]);
         fence_proxy_async_shared();  // each lane's stores, before the copy engine's reads
         __syncwarp();
         if (lane == 0) {
-          bulk_reduce_add_f32(part, dq_staging + warp * Share::kWarpFloats, Share::kWarpFloats * sizeof(float));
+          bulk_reduce_add_f32(part, staging, Share::kWarpFloats * sizeof(float));
           bulk_commit();
         }
       } else {
