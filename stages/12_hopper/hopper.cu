@@ -179,12 +179,9 @@ flash::Status launch_config(const void* q, const void* k, const void* v, void* o
 size_t forward_workspace_size(int, int, int, int, int, int) { return 0; }
 
 flash::Status check_gpu() {
-  int device = 0, major = 0, minor = 0;
-  flash::Status s = flash::cuda_status(cudaGetDevice(&device));
-  if (s.ok()) s = flash::cuda_status(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  if (s.ok()) s = flash::cuda_status(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  int cc = 0;
+  const flash::Status s = flash::compute_capability(&cc);
   if (!s.ok()) return s;
-  const int cc = 10 * major + minor;
 #if defined(FLASH_STAGE12_SM90A)
   if (cc != kHopper)
     return flash::with_detail(flash::make_status(flash::StatusCode::kArchNotSupported, "device", cc, kHopper),
