@@ -32,6 +32,8 @@
 //   It reads the scores and writes the probabilities straight into P's registers.
 #pragma once
 
+#include <type_traits>
+
 #include "flash_stage.cuh"
 #include "hopper.cuh"
 #include "tensor_core.cuh"
@@ -211,22 +213,26 @@ __device__ inline float sum_over_row_lanes(float x) {
 // s is only read, so that the scores of the next tile can already be on their way into it: ptxas
 // serializes every wgmma of a pipeline stage in which ordinary instructions write registers a
 // wgmma uses (its message C7513), which would undo the intra-warpgroup overlap.
-template <typename Element, int kBlockCols, bool kCausal>
+// kMasked is a template parameter, not a run-time flag: a flag is the same for the whole
+// warpgroup, but ptxas turned the choice into selects per score (a multiply, a compare and two
+// selects each), paid on every tile; the consumer loops pick the masked instance for the tiles
+// that need it.
+template <typename Element, int kBlockCols, bool kCausal, bool kMasked>
 __device__ inline void softmax_tile(const float (&s)[kBlockCols / 2], uint32_t (&p)[kBlockCols / 16][4],
                                     float (&row_max2)[2], float (&row_sum)[2], float (&rescale)[2], int first_key,
-                                    int row0, int seq_kv, int diagonal, bool needs_mask, float positive_scale, int t) {
+                                    int row0, int seq_kv, int diagonal, float positive_scale, int t) {
   constexpr int kKeyBlocks = kBlockCols / 8;
   // The scale multiplies inside the exp2's argument, one FFMA per score; a masked tile scales first,
   // so that the mask's -inf is compared with scaled scores.
-  const float score_scale = needs_mask ? 1.0f : positive_scale;
+  const float score_scale = kMasked ? 1.0f : positive_scale;
   int row_key_end[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) row_key_end[h] = kCausal ? min(seq_kv, row0 + 8 * h + diagonal + 1) : seq_kv;
-  // Score (key block kb, row h, element e) as the softmax sees it: only the last tile and the tiles
-  // on the causal diagonal are masked, and the branch is the same for the whole warpgroup.
+  // Score (key block kb, row h, element e) as the softmax sees it; on a masked tile, scaled, and -inf
+  // past the row's last key.
   auto score = [&](int kb, int h, int e) {
     float x = s[4 * kb + 2 * h + e];
-    if (needs_mask) {
+    if constexpr (kMasked) {
       x *= positive_scale;
       if (first_key + 8 * kb + 2 * t + e >= row_key_end[h]) x = -INFINITY;
     }
@@ -318,6 +324,19 @@ struct ConsumerWork {
   float scale_log2;  // softmax scale * log2(e), any sign
 };
 
+// The first K/V tile of a consumer warpgroup that needs the mask; every later tile needs it too.
+// A tile needs it when it reaches past seq_kv or, causal, past the last key that the warpgroup's
+// first row sees (bottom-right: first_row + seq_kv - seq_q).
+template <int kBlockCols, bool kCausal>
+__device__ inline int first_masked_tile(const ConsumerWork& w) {
+  const int key_bound = kCausal ? min(w.seq_kv, max(0, w.first_row + w.seq_kv - w.seq_q + 1)) : w.seq_kv;
+  return key_bound / kBlockCols;
+}
+
+// The two instances of softmax_tile, as arguments to the consumers' lambdas.
+using Masked = std::true_type;
+using Unmasked = std::false_type;
+
 // The producer: one thread issues every copy of a work tile: K and V tile by tile through the ring,
 // and Q (each consumer's 64 rows, panel by panel, all on q_full) right after the first K tile. For
 // each buffer: wait until the consumers have emptied it (on the first pass every buffer is empty:
@@ -405,11 +424,12 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
   const int diagonal = w.seq_kv - w.seq_q;
   const float positive_scale = fabsf(w.scale_log2);
 
+  const int first_masked = first_masked_tile<kBlockCols, kCausal>(w);
+
   float s[kBlockCols / 2] = {};
   uint32_t p[kBlockCols / 16][4];
-  mbarrier_wait(sm.q_full(), w.q_round & 1);
-  if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.consumer, thread);
-  for (int j = 0; j < w.num_tiles; ++j) {
+  // Tile j, with masked Masked or Unmasked.
+  auto step = [&](int j, auto masked) {
     const int st = ring_slot<kStages>(w.ring + j);
     const uint32_t full_parity = ring_parity<kStages>(w.ring + j);
     const int first_key = j * kBlockCols;
@@ -422,13 +442,9 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
     fence_registers(s);
     release(sm.k_empty(st), lane);
 
-    // Only the last tile and the tiles on the causal diagonal are masked; the branch is the same for
-    // the whole warpgroup.
-    const bool needs_mask =
-        first_key + kBlockCols > w.seq_kv || (kCausal && first_key + kBlockCols > w.first_row + diagonal + 1);
     float rescale[2];
-    softmax_tile<Element, kBlockCols, kCausal>(s, p, row_max2, row_sum, rescale, first_key, row0, w.seq_kv, diagonal,
-                                               needs_mask, positive_scale, t);
+    softmax_tile<Element, kBlockCols, kCausal, decltype(masked)::value>(s, p, row_max2, row_sum, rescale, first_key,
+                                                                        row0, w.seq_kv, diagonal, positive_scale, t);
     rescale_output(o, rescale);
 
     mbarrier_wait(sm.v_full(st), full_parity);
@@ -439,7 +455,12 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
     fence_registers(o);
     fence_registers(p);
     release(sm.v_empty(st), lane);
-  }
+  };
+  mbarrier_wait(sm.q_full(), w.q_round & 1);
+  if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.consumer, thread);
+  int j = 0;
+  for (; j < first_masked && j < w.num_tiles; ++j) step(j, Unmasked{});
+  for (; j < w.num_tiles; ++j) step(j, Masked{});
   release(sm.q_empty(), lane);  // every product that reads Q has finished
 }
 
@@ -471,12 +492,15 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   const int t = lane % 4;
   const int diagonal = w.seq_kv - w.seq_q;
   const float positive_scale = fabsf(w.scale_log2);
-  auto mask_needed = [&](int first_key) {
-    return first_key + kBlockCols > w.seq_kv || (kCausal && first_key + kBlockCols > w.first_row + diagonal + 1);
-  };
+  const int first_masked = first_masked_tile<kBlockCols, kCausal>(w);
 
   float s[kBlockCols / 2] = {};
   Operand p_even = {}, p_odd = {};  // P of the even and of the odd tiles
+  auto softmax = [&](auto masked, int first_key, Operand& p_out, float(&rescale)[2]) {
+    softmax_tile<Element, kBlockCols, kCausal, decltype(masked)::value>(s, p_out, row_max2, row_sum, rescale,
+                                                                        first_key, row0, w.seq_kv, diagonal,
+                                                                        positive_scale, t);
+  };
   auto slot = [&](int j) { return ring_slot<kStages>(w.ring + j); };
   auto parity = [&](int j) { return ring_parity<kStages>(w.ring + j); };
   mbarrier_wait(sm.q_full(), w.q_round & 1);
@@ -495,12 +519,16 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     fence_registers(s);
     release(sm.k_empty(slot(0)), lane);
     float rescale[2];  // of an output that is still zero: nothing to rescale
-    softmax_tile<Element, kBlockCols, kCausal>(s, p_even, row_max2, row_sum, rescale, 0, row0, w.seq_kv, diagonal,
-                                               mask_needed(0), positive_scale, t);
+    if (first_masked == 0)
+      softmax(Masked{}, 0, p_even, rescale);
+    else
+      softmax(Unmasked{}, 0, p_even, rescale);
   }
 
-  // Tile j: S_j and P_{j-1} V_{j-1} on the tensor cores, then the softmax of S_j into p_out.
-  auto step = [&](int j, Operand& p_in, Operand& p_out) {
+  // Tile j: S_j and P_{j-1} V_{j-1} on the tensor cores, then the softmax of S_j into p_out; masked
+  // is Masked or Unmasked, fixed for the whole loop that calls step, so that no branch sits between
+  // a wgmma and its wait.
+  auto step = [&](int j, Operand& p_in, Operand& p_out, auto masked) {
     const int st = slot(j), prev = slot(j - 1);
     const int first_key = j * kBlockCols;
     mbarrier_wait(sm.k_full(st), parity(j));
@@ -517,8 +545,7 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
       wgmma_wait_group<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
       fence_registers(s);
       release(sm.k_empty(st), lane);
-      softmax_tile<Element, kBlockCols, kCausal>(s, p_out, row_max2, row_sum, rescale, first_key, row0, w.seq_kv,
-                                                 diagonal, mask_needed(first_key), positive_scale, t);
+      softmax(masked, first_key, p_out, rescale);
       wgmma_wait_group<0>();
       fence_registers(o);
       fence_registers(p_in);
@@ -530,17 +557,23 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
       fence_registers(p_in);
       release(sm.k_empty(st), lane);
       release(sm.v_empty(prev), lane);
-      softmax_tile<Element, kBlockCols, kCausal>(s, p_out, row_max2, row_sum, rescale, first_key, row0, w.seq_kv,
-                                                 diagonal, mask_needed(first_key), positive_scale, t);
+      softmax(masked, first_key, p_out, rescale);
     }
     rescale_output(o, rescale);
   };
+  // The tiles without the mask first, then the rest with it, each loop in pairs so that P's buffers
+  // keep their roles: when the unmasked tiles after tile 0 are odd in number, the last of them runs
+  // masked, which costs time but changes nothing.
   int j = 1;
-  for (; j + 1 < w.num_tiles; j += 2) {
-    step(j, p_even, p_odd);
-    step(j + 1, p_odd, p_even);
+  for (; j + 1 < first_masked; j += 2) {
+    step(j, p_even, p_odd, Unmasked{});
+    step(j + 1, p_odd, p_even, Unmasked{});
   }
-  if (j < w.num_tiles) step(j, p_even, p_odd);
+  for (; j + 1 < w.num_tiles; j += 2) {
+    step(j, p_even, p_odd, Masked{});
+    step(j + 1, p_odd, p_even, Masked{});
+  }
+  if (j < w.num_tiles) step(j, p_even, p_odd, Masked{});
 
   // The last tile's O += P V. Its P is in p_odd when the last tile's index is odd: selected into
   // p_even without a branch (a wgmma on each side of one made ptxas serialize them, message C7520).
