@@ -29,7 +29,9 @@
 //   consumers finish and store the last one; a "Q empty" barrier tells it when Q may be overwritten.
 // - The softmax itself is stage 10's: base 2, the scale inside the exp2's FFMA, a negative scale
 //   folded into Q in shared memory (which, between two async-proxy accesses, needs a proxy fence).
-//   It reads the scores and writes the probabilities straight into P's registers.
+//   It reads the scores and writes the probabilities straight into P's registers. Whether a tile is
+//   masked is a template parameter of the softmax, not a flag: each consumer loop runs the tiles
+//   that need no mask, then the rest.
 #pragma once
 
 #include <type_traits>
