@@ -430,7 +430,7 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
 
   float s[kBlockCols / 2] = {};
   uint32_t p[kBlockCols / 16][4];
-  // Tile j; masked is Masked or Unmasked.
+  // Tile j, written once for both kinds of tile: masked is Masked or Unmasked.
   auto step = [&](int j, auto masked) {
     const int st = ring_slot<kStages>(w.ring + j);
     const uint32_t full_parity = ring_parity<kStages>(w.ring + j);
