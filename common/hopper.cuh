@@ -166,6 +166,23 @@ __device__ inline void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* 
 #endif
 }
 
+// The other direction, shared to global (the same section: .global.shared::cta, completion in bulk
+// groups): the engine reads the box from shared memory and writes the elements that lie inside the
+// tensor; those outside it are not written. Completion is tracked per issuing thread in bulk groups,
+// as for stage 11's bulk copies (tensor_core.cuh): bulk_commit, then bulk_wait_read before the
+// shared memory is written again or the block exits.
+__device__ inline void tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+#if FLASH_HOPPER_SM90
+  asm volatile(
+      "cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(
+          reinterpret_cast<uint64_t>(map)),
+      "r"(c0), "r"(c1), "r"(c2), "r"(shared_address(src))
+      : "memory");
+#endif
+}
+using tensor_core::bulk_commit;
+using tensor_core::bulk_wait_read;
+
 // fence.proxy.async.shared::cta (parallel-synchronization-and-communication-instructions-membar),
 // from tensor_core.cuh, where stage 11's bulk copies need it first: orders this thread's
 // generic-proxy accesses to shared memory before its later async-proxy ones (and the other way).

@@ -63,6 +63,7 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kRegisterSplit: return variant_forward<stage12::Variant::kRegisterSplit>;
     case stage12::Variant::kPingPong: return variant_forward<stage12::Variant::kPingPong>;
     case stage12::Variant::kIntraOverlap: return variant_forward<stage12::Variant::kIntraOverlap>;
+    case stage12::Variant::kTmaStore: return variant_forward<stage12::Variant::kTmaStore>;
     case stage12::Variant::kPersistent: return variant_forward<stage12::Variant::kPersistent>;
   }
   return nullptr;

@@ -119,7 +119,7 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   flash::Status status = flash::check_shared_memory(kSharedBytes);
   if (status.ok())
     status = flash::allow_shared_memory(kernel, kSharedBytes);
-  CUtensorMap q_map, k_map, v_map;
+  CUtensorMap q_map, k_map, v_map, o_map;
   const long long heads_total_q = static_cast<long long>(batch) * heads_q;
   const long long heads_total_kv = static_cast<long long>(batch) * heads_kv;
   if (status.ok())
@@ -128,6 +128,9 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
     status = make_tensor_map(&k_map, k, dtype, kHeadDim, seq_kv, heads_total_kv, Config::kBlockCols);
   if (status.ok())
     status = make_tensor_map(&v_map, v, dtype, kHeadDim, seq_kv, heads_total_kv, Config::kBlockCols);
+  // O has Q's shape; each consumer warpgroup stores its 64 rows (kTmaStore; unused otherwise).
+  if (status.ok())
+    status = make_tensor_map(&o_map, o, dtype, kHeadDim, seq_q, heads_total_q, kernel_detail::kWgmmaM);
   if (!status.ok()) return status;
   const int num_q_tiles = (seq_q + Config::kBlockRows - 1) / Config::kBlockRows;
   const int num_heads_total = batch * heads_q;
@@ -141,18 +144,19 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
     blocks = std::min<long long>(blocks, num_sms);
   }
   kernel<<<static_cast<unsigned>(blocks), Config::kThreads, kSharedBytes, stream>>>(
-      q_map, k_map, v_map, static_cast<Element*>(o), lse, heads_q, heads_kv, seq_q, seq_kv,
+      q_map, k_map, v_map, o_map, static_cast<Element*>(o), lse, heads_q, heads_kv, seq_q, seq_kv,
       scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total);
   return flash::last_launch_status();
 }
 
 // The configurations the lesson measures, each adding one piece to the one before
-// (HopperConfig<consumers, keys per tile, stages, register split, ping-pong, intra overlap>).
+// (HopperConfig<consumers, keys per tile, stages, register split, ping-pong, intra overlap, TMA store>).
 using VariantA = HopperConfig<1, 128, 2>;
 using VariantTwoConsumers = HopperConfig<2, 128, 2>;
 using VariantRegisterSplit = HopperConfig<2, 128, 2, true>;
 using VariantPingPong = HopperConfig<2, 128, 2, true, true>;
 using VariantIntraOverlap = HopperConfig<2, 128, 2, true, true, true>;
+using VariantTmaStore = HopperConfig<2, 128, 2, true, true, true, true>;
 
 template <class Config>
 flash::Status launch_config(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
@@ -203,6 +207,7 @@ const char* variant_name(Variant variant) {
     case Variant::kRegisterSplit: return "+ setmaxnreg (producer warpgroup)";
     case Variant::kPingPong: return "+ ping-pong";
     case Variant::kIntraOverlap: return "+ intra-warpgroup overlap";
+    case Variant::kTmaStore: return "+ TMA store of O";
     case Variant::kPersistent: return "+ persistent blocks";
   }
   return "unknown variant";
@@ -232,12 +237,15 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
     case Variant::kPingPong:
       return launch_config<VariantPingPong>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
                                             causal, dtype, stream);
-    case Variant::kPersistent:
-      return launch_config<VariantIntraOverlap>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
-                                                scale, causal, dtype, stream, true);
-    default:
+    case Variant::kIntraOverlap:
       return launch_config<VariantIntraOverlap>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
                                                 scale, causal, dtype, stream);
+    case Variant::kPersistent:
+      return launch_config<VariantTmaStore>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
+                                            causal, dtype, stream, true);
+    default:
+      return launch_config<VariantTmaStore>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
+                                            causal, dtype, stream);
   }
 #else
   (void)causal;

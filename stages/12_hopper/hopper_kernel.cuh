@@ -23,6 +23,9 @@
 //   the other's matrix products run. Two named barriers pass the turn.
 // - Inside a warpgroup (kIntraOverlap), the softmax of tile j runs while the product P_{j-1} V_{j-1}
 //   of the tile before is still on the tensor cores.
+// - The output through shared memory (kTmaStore): each consumer warpgroup writes its O tile into
+//   its Q buffer, which no product reads any more, and one thread hands the tile to the copy engine
+//   (a TMA store), instead of every thread storing its fragments to global memory.
 // - Persistent blocks (a launch choice, not a configuration): one block per SM takes work tiles
 //   blockIdx.x, + gridDim.x, ... in the grid's order. The K/V ring and the Q buffer carry on from
 //   one work tile to the next, so the producer loads the next tile's Q and first K/V tiles while the
@@ -50,8 +53,9 @@ namespace stage12 {
 //     (setmaxnreg); otherwise it is one warp and every thread keeps the registers the launch gave it.
 //   kPingPong: two consumer warpgroups take turns issuing their matrix products (needs 2 consumers).
 //   kIntraOverlap: a warpgroup's softmax of tile j overlaps its product P_{j-1} V_{j-1}.
+//   kTmaStore: O leaves through shared memory and a TMA store (store_output_tma).
 template <int kConsumers_, int kBlockCols_, int kStages_, bool kRegisterSplit_ = false, bool kPingPong_ = false,
-          bool kIntraOverlap_ = false>
+          bool kIntraOverlap_ = false, bool kTmaStore_ = false>
 struct HopperConfig {
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockRows = 64 * kConsumers;
@@ -60,6 +64,7 @@ struct HopperConfig {
   static constexpr bool kRegisterSplit = kRegisterSplit_;
   static constexpr bool kPingPong = kPingPong_;
   static constexpr bool kIntraOverlap = kIntraOverlap_;
+  static constexpr bool kTmaStore = kTmaStore_;
   // The consumers come first (warpgroups 0 .. kConsumers - 1, each starting at a warp index
   // divisible by 4, as wgmma requires), the producer after them.
   static constexpr int kProducerThreads = kRegisterSplit ? 128 : 32;
@@ -99,9 +104,9 @@ constexpr unsigned kFullWarp = 0xffffffffu;
 // to __syncthreads(); 16 exist per CTA (PTX ISA, bar/barrier).
 constexpr int kTurnBarrier = 1;
 constexpr int kTurnThreads = 2 * kWarpgroupThreads;  // one warpgroup syncs, the other arrives
-// Named barriers 3 and 4: consumer 0's, consumer 1's own 128 threads, once, after a negative scale
-// was folded into their Q tile.
-constexpr int kQReadyBarrier = 3;
+// Named barriers 3 and 4: consumer 0's, consumer 1's own 128 threads, after a negative scale was
+// folded into their Q tile and (kTmaStore) after they wrote their O tile.
+constexpr int kWarpgroupBarrier = 3;
 
 // Consumer c waits for its turn on barrier kTurnBarrier + c; it passes the turn by arriving on the
 // other's. The ids are immediates (hopper.cuh says why), hence the branch on the consumer.
@@ -117,6 +122,14 @@ __device__ inline void pass_turn(int consumer) {
     hopper::named_barrier_arrive<kTurnBarrier + 1, kTurnThreads>();
   else
     hopper::named_barrier_arrive<kTurnBarrier + 0, kTurnThreads>();
+}
+
+// The 128 threads of consumer warpgroup `consumer` wait for one another.
+__device__ inline void warpgroup_sync(int consumer) {
+  if (consumer == 0)
+    hopper::named_barrier_sync<kWarpgroupBarrier + 0, kWarpgroupThreads>();
+  else
+    hopper::named_barrier_sync<kWarpgroupBarrier + 1, kWarpgroupThreads>();
 }
 // setmaxnreg counts (kRegisterSplit, 2 consumers + 1 producer warpgroup = 384 threads): the launch
 // gives each thread 65536 / 384 = 170, rounded down to 168 (__launch_bounds__(384, 1)); the producer
@@ -388,7 +401,7 @@ __device__ inline void release(uint64_t* empty_barrier, int lane) {
 // largest raw score is the largest scaled one and the softmax can use the scale's absolute value.
 // Q arrived through the async proxy (the copy engine) and wgmma reads it through the async proxy:
 // ordinary stores in between must be followed by fence.proxy.async in every writing thread, then a
-// barrier of the warpgroup (named barrier kQReadyBarrier + consumer), before the first wgmma reads.
+// barrier of the warpgroup (warpgroup_sync), before the first wgmma reads.
 // The swizzle does not matter here: every element of the tile flips.
 template <typename Element, int kHeadDim, class Config>
 __device__ void negate_q_tile(const Smem<Element, kHeadDim, Config>& sm, int consumer, int thread) {
@@ -405,10 +418,7 @@ __device__ void negate_q_tile(const Smem<Element, kHeadDim, Config>& sm, int con
     words[i] = x;
   }
   hopper::fence_proxy_async_shared();
-  if (consumer == 0)
-    hopper::named_barrier_sync<kQReadyBarrier + 0, kWarpgroupThreads>();
-  else
-    hopper::named_barrier_sync<kQReadyBarrier + 1, kWarpgroupThreads>();
+  warpgroup_sync(consumer);
 }
 
 // The plain consumer loop (version A, and any configuration without the overlaps): per tile,
@@ -463,7 +473,7 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
   int j = 0;
   for (; j < first_masked && j < w.num_tiles; ++j) step(j, Unmasked{});
   for (; j < w.num_tiles; ++j) step(j, Masked{});
-  release(sm.q_empty(), lane);  // every product that reads Q has finished
+  if constexpr (!Config::kTmaStore) release(sm.q_empty(), lane);  // every product that reads Q has finished
 }
 
 // The overlapped consumer loop (version B). Iteration j issues S_j = Q K_j^T and, behind it,
@@ -598,7 +608,8 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   if (Config::kPingPong && w.consumer == 0) wait_for_turn(0);  // consumer 1's last pass
   // Q may be overwritten: every product that reads it has finished, and (ping-pong) consumer 0 has
   // taken consumer 1's last pass, so the turns start the next work tile as they started this one.
-  release(sm.q_empty(), lane);
+  // With kTmaStore the buffer holds O first: store_output_tma releases it.
+  if constexpr (!Config::kTmaStore) release(sm.q_empty(), lane);
 }
 
 // O normalized and rounded to Element, lse in base e; rows past seq_q are not written. Each thread
@@ -623,6 +634,52 @@ __device__ inline void store_output(Element* o_head, float* lse_head, const floa
   }
 }
 
+
+// kTmaStore's epilogue. The warpgroup writes its O tile, normalized and rounded, into its own Q
+// buffer in the layout the copy engine loaded Q in: 64-column panels of 128-byte rows, the 16-byte
+// chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle). Each warp store is then free of
+// bank conflicts: its 8 rows put their chunks in 8 different places of the 128-byte line. After a
+// proxy fence and the warpgroup's barrier, one thread issues the TMA store of each panel; the copy
+// engine skips the rows past seq_q (outside the tensor map) and writes whole 128-byte lines, where
+// the per-thread stores of store_output write 16 bytes of each of 8 rows per instruction. The same
+// thread releases Q's buffer once the engine has read it (bulk_wait_read), which a block must also
+// wait for before it exits. lse is written as in store_output.
+template <typename Element, int kHeadDim, class Config>
+__device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& sm, const CUtensorMap* o_map,
+                                        int consumer, int first_row, int head, float* lse_head,
+                                        const float (&o)[kHeadDim / 2], const float (&row_max2)[2],
+                                        const float (&row_sum)[2], int seq_q) {
+  using L = SharedLayout<kHeadDim, Config>;
+  constexpr int kChunkBytes = 16;
+  constexpr int kChunksPerRow = kSwizzleBytes / kChunkBytes;  // 8: one chunk per 8-column block
+  const int thread = threadIdx.x % kWarpgroupThreads;
+  const int warp = thread / 32, lane = thread % 32;
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float sum = sum_over_row_lanes(row_sum[h]);
+    const float normalizer = sum > 0.0f ? 1.0f / sum : 0.0f;  // an empty row's O is zeros
+    const int tile_row = 16 * warp + g + 8 * h;               // tile_row % 8 == g
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i) {
+      unsigned char* line = sm.q(consumer, i / kChunksPerRow) + tile_row * kSwizzleBytes;
+      *reinterpret_cast<uint32_t*>(line + ((i % kChunksPerRow) ^ g) * kChunkBytes + 4 * t) =
+          pack2<Element>(o[4 * i + 2 * h] * normalizer, o[4 * i + 2 * h + 1] * normalizer);
+    }
+    const int row = first_row + tile_row;
+    if (lse_head && t == 0 && row < seq_q) lse_head[row] = sum > 0.0f ? (row_max2[h] + log2f(sum)) * kLn2 : -INFINITY;
+  }
+  hopper::fence_proxy_async_shared();  // the stores above, before the copy engine reads them
+  warpgroup_sync(consumer);
+  if (thread == 0) {
+#pragma unroll
+    for (int p = 0; p < L::kPanels; ++p) hopper::tma_store_3d(o_map, sm.q(consumer, p), p * kPanelCols, first_row, head);
+    hopper::bulk_commit();
+    hopper::bulk_wait_read<0>();
+    mbarrier_arrive(sm.q_empty());
+  }
+}
+
 }  // namespace kernel_detail
 
 // One work tile per (batch, query head, query tile of Config::kBlockRows rows), numbered as stage
@@ -634,7 +691,8 @@ __device__ inline void store_output(Element* o_head, float* lse_head, const floa
 template <typename Element, int kHeadDim, bool kCausal, class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
-                  const __grid_constant__ CUtensorMap v_map, Element* o, float* lse, int heads_q, int heads_kv,
+                  const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, Element* o,
+                  float* lse, int heads_q, int heads_kv,
                   int seq_q, int seq_kv, float scale_log2, int num_q_tiles, int num_heads_total) {
 #if FLASH_HOPPER_SM90A
   using namespace kernel_detail;
@@ -644,7 +702,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   if (threadIdx.x == 0) {
     hopper::mbarrier_init(sm.q_full(), 1);  // the producer's arrive.expect_tx; the bytes complete it
-    hopper::mbarrier_init(sm.q_empty(), 4 * Config::kConsumers);  // one arrival per consumer warp
+    // One arrival per consumer warp; with kTmaStore, one per consumer warpgroup (store_output_tma).
+    hopper::mbarrier_init(sm.q_empty(), (Config::kTmaStore ? 1 : 4) * Config::kConsumers);
     for (int s = 0; s < Config::kStages; ++s) {
       hopper::mbarrier_init(sm.k_full(s), 1);
       hopper::mbarrier_init(sm.v_full(s), 1);
@@ -724,15 +783,23 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         ring += t.num_tiles;
         ++q_round;
       }
-      const int lane = threadIdx.x % 32;
-      const int row0 = w.first_row + 16 * ((threadIdx.x % kWarpgroupThreads) / 32) + lane / 4;
-      store_output<Element, kHeadDim>(o + t.bh * seq_q * kHeadDim, lse ? lse + t.bh * seq_q : nullptr, acc_o,
-                                      row_max2, row_sum, row0, seq_q, lane % 4);
+      float* lse_head = lse ? lse + t.bh * seq_q : nullptr;
+      if (Config::kTmaStore && t.num_tiles > 0) {
+        // (A work tile that sees no key has no Q round: the producer skipped it, and its zeros go
+        // out through store_output, which leaves Q's buffer and q_empty alone.)
+        store_output_tma<Element, kHeadDim, Config>(sm, &o_map, warpgroup, w.first_row, static_cast<int>(t.bh),
+                                                    lse_head, acc_o, row_max2, row_sum, seq_q);
+      } else {
+        const int lane = threadIdx.x % 32;
+        const int row0 = w.first_row + 16 * ((threadIdx.x % kWarpgroupThreads) / 32) + lane / 4;
+        store_output<Element, kHeadDim>(o + t.bh * seq_q * kHeadDim, lse_head, acc_o, row_max2, row_sum, row0, seq_q,
+                                        lane % 4);
+      }
     }
   }
 #else
   // Compiled for another target: never launched (stage12::check_gpu refuses first).
-  (void)q_map, (void)k_map, (void)v_map, (void)o, (void)lse, (void)heads_q, (void)heads_kv, (void)seq_q, (void)seq_kv;
+  (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse, (void)heads_q, (void)heads_kv, (void)seq_q, (void)seq_kv;
   (void)scale_log2, (void)num_q_tiles, (void)num_heads_total;
 #endif
 }
