@@ -150,13 +150,15 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
 }
 
 // The configurations the lesson measures, each adding one piece to the one before
-// (HopperConfig<consumers, keys per tile, stages, register split, ping-pong, intra overlap, TMA store>).
+// (HopperConfig<consumers, keys per tile, stages, register split, ping-pong, intra overlap, TMA store,
+// Q buffers>).
 using VariantA = HopperConfig<1, 128, 2>;
 using VariantTwoConsumers = HopperConfig<2, 128, 2>;
 using VariantRegisterSplit = HopperConfig<2, 128, 2, true>;
 using VariantPingPong = HopperConfig<2, 128, 2, true, true>;
 using VariantIntraOverlap = HopperConfig<2, 128, 2, true, true, true>;
 using VariantTmaStore = HopperConfig<2, 128, 2, true, true, true, true>;
+using VariantPersistent = HopperConfig<2, 128, 2, true, true, true, true, 2>;  // launched persistent
 
 template <class Config>
 flash::Status launch_config(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
@@ -241,8 +243,8 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
       return launch_config<VariantIntraOverlap>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
                                                 scale, causal, dtype, stream);
     case Variant::kPersistent:
-      return launch_config<VariantTmaStore>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
-                                            causal, dtype, stream, true);
+      return launch_config<VariantPersistent>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                              scale, causal, dtype, stream, true);
     default:
       return launch_config<VariantTmaStore>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
                                             causal, dtype, stream);

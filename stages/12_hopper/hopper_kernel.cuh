@@ -26,10 +26,11 @@
 // - The output through shared memory (kTmaStore): each consumer warpgroup writes its O tile into
 //   its Q buffer, which no product reads any more, and one thread hands the tile to the copy engine
 //   (a TMA store), instead of every thread storing its fragments to global memory.
-// - Persistent blocks (a launch choice, not a configuration): one block per SM takes work tiles
-//   blockIdx.x, + gridDim.x, ... in the grid's order. The K/V ring and the Q buffer carry on from
-//   one work tile to the next, so the producer loads the next tile's Q and first K/V tiles while the
-//   consumers finish and store the last one; a "Q empty" barrier tells it when Q may be overwritten.
+// - Persistent blocks (a launch choice, with two Q buffers, kQStages): one block per SM takes a work
+//   tile in each pass over the grid, in serpentine order. The K/V ring carries on from one work tile
+//   to the next and Q alternates between its buffers, so the producer loads the next tile's Q and
+//   first K/V tiles while the consumers still work on this one; each buffer's "Q empty" barrier
+//   tells it when the buffer may be overwritten.
 // - The softmax itself is stage 10's: base 2, the scale inside the exp2's FFMA, a negative scale
 //   folded into Q in shared memory (which, between two async-proxy accesses, needs a proxy fence).
 //   It reads the scores and writes the probabilities straight into P's registers. Whether a tile is
@@ -54,8 +55,10 @@ namespace stage12 {
 //   kPingPong: two consumer warpgroups take turns issuing their matrix products (needs 2 consumers).
 //   kIntraOverlap: a warpgroup's softmax of tile j overlaps its product P_{j-1} V_{j-1}.
 //   kTmaStore: O leaves through shared memory and a TMA store (store_output_tma).
+//   kQStages: Q buffers; two let a persistent block load the next work tile's Q while the consumers
+//     still work on this one's.
 template <int kConsumers_, int kBlockCols_, int kStages_, bool kRegisterSplit_ = false, bool kPingPong_ = false,
-          bool kIntraOverlap_ = false, bool kTmaStore_ = false>
+          bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1>
 struct HopperConfig {
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockRows = 64 * kConsumers;
@@ -65,6 +68,7 @@ struct HopperConfig {
   static constexpr bool kPingPong = kPingPong_;
   static constexpr bool kIntraOverlap = kIntraOverlap_;
   static constexpr bool kTmaStore = kTmaStore_;
+  static constexpr int kQStages = kQStages_;
   // The consumers come first (warpgroups 0 .. kConsumers - 1, each starting at a warp index
   // divisible by 4, as wgmma requires), the producer after them.
   static constexpr int kProducerThreads = kRegisterSplit ? 128 : 32;
@@ -72,6 +76,7 @@ struct HopperConfig {
   static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
   static_assert(kBlockCols == 64 || kBlockCols == 128, "the wgmma wrappers have N = 64 and N = 128");
   static_assert(kStages >= 1, "at least one K/V buffer");
+  static_assert(kQStages == 1 || kQStages == 2, "one or two Q buffers");
   static_assert(!kPingPong || kConsumers == 2, "ping-pong needs two consumer warpgroups");
 };
 
@@ -151,11 +156,12 @@ struct SharedLayout {
   static constexpr int kKVPanelBytes = Config::kBlockCols * kSwizzleBytes;     // 8 or 16 KiB
   static constexpr int kKVBytes = kPanels * kKVPanelBytes;                     // one K or V tile
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + Config::kConsumers * kQBytes;
+  static constexpr int kK = kQ + Config::kQStages * Config::kConsumers * kQBytes;
   static constexpr int kV = kK + Config::kStages * kKVBytes;
   static constexpr int kBarriers = kV + Config::kStages * kKVBytes;
-  // q_full, q_empty, then k_full, v_full, k_empty, v_empty for each stage: 8 bytes each.
-  static constexpr int kNumBarriers = 2 + 4 * Config::kStages;
+  // q_full and q_empty for each Q buffer, then k_full, v_full, k_empty, v_empty for each stage: 8
+  // bytes each.
+  static constexpr int kNumBarriers = 2 * Config::kQStages + 4 * Config::kStages;
   static constexpr int kBytes = kBarriers + 8 * kNumBarriers;
   // Dynamic shared memory is only promised 16-byte alignment: ask for one atom more and round up.
   static constexpr size_t kDynamicBytes = static_cast<size_t>(kBytes) + kAtomBytes;
@@ -172,17 +178,23 @@ struct Smem {
     const uint32_t misalignment = hopper::shared_address(raw) % kAtomBytes;
     base = raw + (misalignment == 0 ? 0 : kAtomBytes - misalignment);
   }
-  // Panel p of consumer c's Q tile; of stage s's K and V tiles.
-  __device__ unsigned char* q(int c, int p) const { return base + L::kQ + c * L::kQBytes + p * L::kQPanelBytes; }
+  // The block's q_round-th Q tile goes to Q buffer q_round % kQStages; its barriers complete once
+  // per pass over the buffers, so the phase of round r is (r / kQStages) % 2 (as ring_parity).
+  // Panel p of consumer c's part of round r's Q tile; of stage s's K and V tiles.
+  __device__ unsigned char* q(int r, int c, int p) const {
+    return base + L::kQ + ((r % Config::kQStages) * Config::kConsumers + c) * L::kQBytes + p * L::kQPanelBytes;
+  }
   __device__ unsigned char* k(int s, int p) const { return base + L::kK + s * L::kKVBytes + p * L::kKVPanelBytes; }
   __device__ unsigned char* v(int s, int p) const { return base + L::kV + s * L::kKVBytes + p * L::kKVPanelBytes; }
   __device__ uint64_t* barriers() const { return reinterpret_cast<uint64_t*>(base + L::kBarriers); }
-  __device__ uint64_t* q_full() const { return barriers(); }
-  __device__ uint64_t* q_empty() const { return barriers() + 1; }
-  __device__ uint64_t* k_full(int s) const { return barriers() + 2 + s; }
-  __device__ uint64_t* v_full(int s) const { return barriers() + 2 + Config::kStages + s; }
-  __device__ uint64_t* k_empty(int s) const { return barriers() + 2 + 2 * Config::kStages + s; }
-  __device__ uint64_t* v_empty(int s) const { return barriers() + 2 + 3 * Config::kStages + s; }
+  __device__ uint64_t* q_full(int r) const { return barriers() + r % Config::kQStages; }
+  __device__ uint64_t* q_empty(int r) const { return barriers() + Config::kQStages + r % Config::kQStages; }
+  __device__ static uint32_t q_parity(int r) { return (r / Config::kQStages) & 1; }
+  static constexpr int kRing = 2 * Config::kQStages;  // the ring's barriers come after Q's
+  __device__ uint64_t* k_full(int s) const { return barriers() + kRing + s; }
+  __device__ uint64_t* v_full(int s) const { return barriers() + kRing + Config::kStages + s; }
+  __device__ uint64_t* k_empty(int s) const { return barriers() + kRing + 2 * Config::kStages + s; }
+  __device__ uint64_t* v_empty(int s) const { return barriers() + kRing + 3 * Config::kStages + s; }
 };
 
 // Descriptors (hopper.cuh explains the fields). Q and K are K-major (head_dim contiguous), so one
@@ -375,13 +387,13 @@ __device__ void produce(const Smem<Element, kHeadDim, Config>& sm, const CUtenso
 #pragma unroll
     for (int p = 0; p < L::kPanels; ++p) tma_load_3d(sm.k(s, p), k_map, sm.k_full(s), p * kPanelCols, first_key, kv_head);
     if (j == 0) {
-      mbarrier_wait(sm.q_empty(), (q_round & 1) ^ 1);
-      mbarrier_arrive_expect_tx(sm.q_full(), Config::kConsumers * L::kQBytes);
+      mbarrier_wait(sm.q_empty(q_round), sm.q_parity(q_round) ^ 1);
+      mbarrier_arrive_expect_tx(sm.q_full(q_round), Config::kConsumers * L::kQBytes);
 #pragma unroll
       for (int c = 0; c < Config::kConsumers; ++c)
 #pragma unroll
         for (int p = 0; p < L::kPanels; ++p)
-          tma_load_3d(sm.q(c, p), q_map, sm.q_full(), p * kPanelCols, first_row + c * kWgmmaM, q_head);
+          tma_load_3d(sm.q(q_round, c, p), q_map, sm.q_full(q_round), p * kPanelCols, first_row + c * kWgmmaM, q_head);
     }
     mbarrier_wait(sm.v_empty(s), empty_parity);
     mbarrier_arrive_expect_tx(sm.v_full(s), L::kKVBytes);
@@ -404,10 +416,10 @@ __device__ inline void release(uint64_t* empty_barrier, int lane) {
 // barrier of the warpgroup (warpgroup_sync), before the first wgmma reads.
 // The swizzle does not matter here: every element of the tile flips.
 template <typename Element, int kHeadDim, class Config>
-__device__ void negate_q_tile(const Smem<Element, kHeadDim, Config>& sm, int consumer, int thread) {
+__device__ void negate_q_tile(const Smem<Element, kHeadDim, Config>& sm, int q_round, int consumer, int thread) {
   using L = SharedLayout<kHeadDim, Config>;
   constexpr uint32_t kSignBits = 0x80008000u;  // the sign bits of two packed 16-bit floats
-  uint4* words = reinterpret_cast<uint4*>(sm.q(consumer, 0));
+  uint4* words = reinterpret_cast<uint4*>(sm.q(q_round, consumer, 0));
 #pragma unroll
   for (int i = thread; i < L::kQBytes / 16; i += kWarpgroupThreads) {
     uint4 x = words[i];
@@ -448,7 +460,7 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
 
     mbarrier_wait(sm.k_full(st), full_parity);
     wgmma_fence();  // s and o were written by ordinary instructions since the last products
-    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.consumer, 0), sm.k(st, 0));
+    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.q_round, w.consumer, 0), sm.k(st, 0));
     wgmma_commit_group();
     wgmma_wait_group<0>();
     fence_registers(s);
@@ -468,12 +480,12 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
     fence_registers(p);
     release(sm.v_empty(st), lane);
   };
-  mbarrier_wait(sm.q_full(), w.q_round & 1);
-  if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.consumer, thread);
+  mbarrier_wait(sm.q_full(w.q_round), sm.q_parity(w.q_round));
+  if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.q_round, w.consumer, thread);
   int j = 0;
   for (; j < first_masked && j < w.num_tiles; ++j) step(j, Unmasked{});
   for (; j < w.num_tiles; ++j) step(j, Masked{});
-  if constexpr (!Config::kTmaStore) release(sm.q_empty(), lane);  // every product that reads Q has finished
+  if constexpr (!Config::kTmaStore) release(sm.q_empty(w.q_round), lane);  // every product that reads Q has finished
 }
 
 // The overlapped consumer loop (version B). Iteration j issues S_j = Q K_j^T and, behind it,
@@ -515,8 +527,8 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   };
   auto slot = [&](int j) { return ring_slot<kStages>(w.ring + j); };
   auto parity = [&](int j) { return ring_parity<kStages>(w.ring + j); };
-  mbarrier_wait(sm.q_full(), w.q_round & 1);
-  if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.consumer, thread);
+  mbarrier_wait(sm.q_full(w.q_round), sm.q_parity(w.q_round));
+  if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.q_round, w.consumer, thread);
   if (Config::kPingPong && w.consumer == 1) pass_turn(1);  // consumer 0 goes first
 
   // Tile 0: its scores, then its softmax into p_even; there is no product before it to overlap.
@@ -524,7 +536,7 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     mbarrier_wait(sm.k_full(slot(0)), parity(0));
     if (Config::kPingPong) wait_for_turn(w.consumer);
     wgmma_fence();
-    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.consumer, 0), sm.k(slot(0), 0));
+    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.q_round, w.consumer, 0), sm.k(slot(0), 0));
     wgmma_commit_group();
     if (Config::kPingPong) pass_turn(w.consumer);
     wgmma_wait_group<0>();
@@ -547,7 +559,7 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     mbarrier_wait(sm.v_full(prev), parity(j - 1));
     if (Config::kPingPong) wait_for_turn(w.consumer);
     wgmma_fence();
-    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.consumer, 0), sm.k(st, 0));
+    issue_scores<Element, kHeadDim, Config>(s, sm.q(w.q_round, w.consumer, 0), sm.k(st, 0));
     wgmma_commit_group();
     issue_output<Element, kHeadDim, Config>(o, p_in, sm.v(prev, 0));
     wgmma_commit_group();
@@ -609,7 +621,7 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   // Q may be overwritten: every product that reads it has finished, and (ping-pong) consumer 0 has
   // taken consumer 1's last pass, so the turns start the next work tile as they started this one.
   // With kTmaStore the buffer holds O first: store_output_tma releases it.
-  if constexpr (!Config::kTmaStore) release(sm.q_empty(), lane);
+  if constexpr (!Config::kTmaStore) release(sm.q_empty(w.q_round), lane);
 }
 
 // O normalized and rounded to Element, lse in base e; rows past seq_q are not written. Each thread
@@ -646,7 +658,7 @@ __device__ inline void store_output(Element* o_head, float* lse_head, const floa
 // wait for before it exits. lse is written as in store_output.
 template <typename Element, int kHeadDim, class Config>
 __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& sm, const CUtensorMap* o_map,
-                                        int consumer, int first_row, int head, float* lse_head,
+                                        int q_round, int consumer, int first_row, int head, float* lse_head,
                                         const float (&o)[kHeadDim / 2], const float (&row_max2)[2],
                                         const float (&row_sum)[2], int seq_q) {
   using L = SharedLayout<kHeadDim, Config>;
@@ -662,7 +674,7 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
     const int tile_row = 16 * warp + g + 8 * h;               // tile_row % 8 == g
 #pragma unroll
     for (int i = 0; i < kHeadDim / 8; ++i) {
-      unsigned char* line = sm.q(consumer, i / kChunksPerRow) + tile_row * kSwizzleBytes;
+      unsigned char* line = sm.q(q_round, consumer, i / kChunksPerRow) + tile_row * kSwizzleBytes;
       *reinterpret_cast<uint32_t*>(line + ((i % kChunksPerRow) ^ g) * kChunkBytes + 4 * t) =
           pack2<Element>(o[4 * i + 2 * h] * normalizer, o[4 * i + 2 * h + 1] * normalizer);
     }
@@ -673,19 +685,20 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
   warpgroup_sync(consumer);
   if (thread == 0) {
 #pragma unroll
-    for (int p = 0; p < L::kPanels; ++p) hopper::tma_store_3d(o_map, sm.q(consumer, p), p * kPanelCols, first_row, head);
+    for (int p = 0; p < L::kPanels; ++p)
+      hopper::tma_store_3d(o_map, sm.q(q_round, consumer, p), p * kPanelCols, first_row, head);
     hopper::bulk_commit();
     hopper::bulk_wait_read<0>();
-    mbarrier_arrive(sm.q_empty());
+    mbarrier_arrive(sm.q_empty(q_round));
   }
 }
 
 }  // namespace kernel_detail
 
 // One work tile per (batch, query head, query tile of Config::kBlockRows rows), numbered as stage
-// 10's grid: causal runs the longest tiles of every head first. Block b takes work tiles b,
-// b + gridDim.x, ...: one each when the grid has a block per tile, several when it has one block per
-// SM (persistent). q_map, k_map, v_map: 3-D tensor maps (head_dim, sequence, batch * heads) over q,
+// 10's grid: causal runs the longest tiles of every head first. Block b takes work tile b: one
+// each when the grid has a block per tile; with one block per SM (persistent), one in each pass over
+// the grid, in serpentine order (tile_of_pass). q_map, k_map, v_map: 3-D tensor maps (head_dim, sequence, batch * heads) over q,
 // k, v with boxes of (64, 64 or Bc, 1), 128-byte swizzle (hopper.cu makes them). The K/V head of
 // query head h is an index into k_map and v_map (GQA).
 template <typename Element, int kHeadDim, bool kCausal, class Config>
@@ -701,9 +714,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const Smem<Element, kHeadDim, Config> sm(shared_raw);
 
   if (threadIdx.x == 0) {
-    hopper::mbarrier_init(sm.q_full(), 1);  // the producer's arrive.expect_tx; the bytes complete it
-    // One arrival per consumer warp; with kTmaStore, one per consumer warpgroup (store_output_tma).
-    hopper::mbarrier_init(sm.q_empty(), (Config::kTmaStore ? 1 : 4) * Config::kConsumers);
+    for (int r = 0; r < Config::kQStages; ++r) {
+      hopper::mbarrier_init(sm.q_full(r), 1);  // the producer's arrive.expect_tx; the bytes complete it
+      // One arrival per consumer warp; with kTmaStore, one per consumer warpgroup (store_output_tma).
+      hopper::mbarrier_init(sm.q_empty(r), (Config::kTmaStore ? 1 : 4) * Config::kConsumers);
+    }
     for (int s = 0; s < Config::kStages; ++s) {
       hopper::mbarrier_init(sm.k_full(s), 1);
       hopper::mbarrier_init(sm.v_full(s), 1);
@@ -739,6 +754,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     return t;
   };
   const long long num_work_tiles = static_cast<long long>(num_heads_total) * num_q_tiles;
+  // Block b's work tile in pass p over the grid: b in even passes, gridDim.x - 1 - b in odd ones (a
+  // serpentine order). Causal work tiles come longest first, so the block that takes a pass's longest
+  // tile takes the next pass's shortest, and the blocks of a persistent grid end at about the same
+  // time; in the order b, b + gridDim.x, ... block 0 took the longest tile of every pass. A grid with a
+  // block per work tile has one pass.
+  const int num_passes = static_cast<int>((num_work_tiles + gridDim.x - 1) / gridDim.x);
+  auto tile_of_pass = [&](int pass) {
+    return static_cast<long long>(pass) * gridDim.x + (pass % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x);
+  };
   // Both roles walk the same work tiles and count the same K/V tiles (ring) and Q tiles (q_round),
   // so their barrier phases agree without talking.
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
@@ -748,7 +772,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if constexpr (Config::kRegisterSplit) hopper::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x % kWarpgroupThreads != 0) return;
     int ring = 0, q_round = 0;
-    for (long long tile = blockIdx.x; tile < num_work_tiles; tile += gridDim.x) {
+    for (int pass = 0; pass < num_passes; ++pass) {
+      const long long tile = tile_of_pass(pass);
+      if (tile >= num_work_tiles) continue;
       const WorkTile t = work_tile(tile);
       if (t.num_tiles == 0) continue;
       produce<Element, kHeadDim, Config>(sm, &q_map, &k_map, &v_map, t.first_row, static_cast<int>(t.bh), t.kv_head,
@@ -759,7 +785,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   } else {
     if constexpr (Config::kRegisterSplit) hopper::setmaxnreg_inc<kConsumerRegisters>();
     int ring = 0, q_round = 0;
-    for (long long tile = blockIdx.x; tile < num_work_tiles; tile += gridDim.x) {
+    for (int pass = 0; pass < num_passes; ++pass) {
+      const long long tile = tile_of_pass(pass);
+      if (tile >= num_work_tiles) continue;
       const WorkTile t = work_tile(tile);
       ConsumerWork w;
       w.consumer = warpgroup;
@@ -787,8 +815,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       if (Config::kTmaStore && t.num_tiles > 0) {
         // (A work tile that sees no key has no Q round: the producer skipped it, and its zeros go
         // out through store_output, which leaves Q's buffer and q_empty alone.)
-        store_output_tma<Element, kHeadDim, Config>(sm, &o_map, warpgroup, w.first_row, static_cast<int>(t.bh),
-                                                    lse_head, acc_o, row_max2, row_sum, seq_q);
+        store_output_tma<Element, kHeadDim, Config>(sm, &o_map, w.q_round, warpgroup, w.first_row,
+                                                    static_cast<int>(t.bh), lse_head, acc_o, row_max2, row_sum, seq_q);
       } else {
         const int lane = threadIdx.x % 32;
         const int row0 = w.first_row + 16 * ((threadIdx.x % kWarpgroupThreads) / 32) + lane / 4;
