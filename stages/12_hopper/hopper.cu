@@ -245,7 +245,8 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
     case Variant::kPersistent:
       return launch_config<VariantPersistent>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
                                               scale, causal, dtype, stream, true);
-    default:
+    case Variant::kTmaStore:
+    default:  // every other value is named above; kRegistered became kRegisteredVariant
       return launch_config<VariantTmaStore>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
                                             causal, dtype, stream);
   }

@@ -36,8 +36,8 @@ enum class Variant : int {
 };
 // How many Variant values there are, kRegistered included.
 constexpr int kVariantCount = 8;
-// The configuration forward() runs: every piece switched on.
-constexpr Variant kRegisteredVariant = Variant::kTmaStore;
+// The configuration forward() runs: every piece switched on, persistent blocks included.
+constexpr Variant kRegisteredVariant = Variant::kPersistent;
 
 // "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
 const char* variant_name(Variant variant);
