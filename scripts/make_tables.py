@@ -452,18 +452,14 @@ def variant12_step(block, slug):
     return block[ladder[i - 1]]["ms"] / block[slug]["ms"]
 
 
-def registered_is_last_rung():
-    """Whether stage 12's registered configuration is the ladder's last rung (hopper.h), i.e. whether
-    the rows "stage 12 as built" and "+ intra-warpgroup overlap" time the same kernel."""
-    header = (ROOT / "stages/12_hopper/hopper.h").read_text()
-    return re.search(r"kRegisteredVariant\s*=\s*Variant::kIntraOverlap\b", header) is not None
+# The row that "stage 12 as built" timed again in the runs of VARIANTS12_FILES: they were made while
+# forward() ran version B (kIntraOverlap); it has run kPersistent since the fourth session of 2026-11-25.
+VARIANTS12_AS_BUILT = VARIANTS12_LADDER[-1]
 
 
-def variant12_same(block):
-    """How far apart the two rows of the registered kernel are, in percent of the smaller time."""
-    if not registered_is_last_rung():
-        raise KeyError("stage 12's registered variant is no longer the ladder's last rung (hopper.h)")
-    a, b = block[variant_slug(VARIANTS12_ROWS[1])]["ms"], block[variant_slug(VARIANTS12_LADDER[-1])]["ms"]
+def variant12_same(block, as_built=VARIANTS12_AS_BUILT):
+    """How far apart the two rows of the kernel timed twice are, in percent of the smaller time."""
+    a, b = block[variant_slug(VARIANTS12_ROWS[1])]["ms"], block[variant_slug(as_built)]["ms"]
     return 100 * abs(a - b) / min(a, b)
 
 
@@ -492,8 +488,9 @@ def stage12_variants_table(head_dim):
     lines.append(f"Forward TFLOP/s at head_dim {head_dim} on the FlashAttention grid (B·N = 16384, H·d = 2048), "
                  "each row one `stage12::Variant`, the rows of a shape timed in 3 interleaved rounds of 10 CUDA-event "
                  "timings after 3 warm-up calls, the median round reported (`bench/stage12_variants.cu`). "
-                 "\"stage 12 as built\" is the registered configuration, the same kernel as \"+ intra-warpgroup "
-                 "overlap\"; \"+ persistent blocks\" is that kernel launched with one block per SM. \"not run\": "
+                 "\"stage 12 as built\" was then the registered configuration, the same kernel as \"+ "
+                 "intra-warpgroup overlap\"; \"+ persistent blocks\" is that kernel launched with one block per SM "
+                 "(with one Q buffer, before the fourth session's pieces: the table after the next). \"not run\": "
                  f"no complete block in the committed runs. From {files} (commands: `bench/results/RUNS.md`).")
     return "\n".join(lines)
 
@@ -518,7 +515,7 @@ def stage12_steps_table(n=16384):
     ladder = [variant_slug(v) for v in VARIANTS12_LADDER]
     row("A to B, all four", lambda b: f"{b[ladder[0]]['ms'] / b[ladder[-1]]['ms']:.2f}")
     row("B, then persistent blocks", lambda b: f"{b[ladder[-1]]['ms'] / b[variant_slug(VARIANTS12_PERSISTENT)]['ms']:.2f}")
-    row("the registered kernel timed twice: rows apart", lambda b: f"{variant12_same(b):.1f}%")
+    row("version B timed twice: rows apart", lambda b: f"{variant12_same(b):.1f}%")
     lines.append("")
     lines.append(f"N = {n}; each step is the time of the row above over the row's own (above 1: the piece "
                  "helps). The last row compares the two rows that time the same kernel (\"stage 12 as built\" "
@@ -551,6 +548,49 @@ def stage12_persistent_table():
     lines.append("Forward TFLOP/s of version B, then of version B with persistent blocks, from the variant runs "
                  "above; in parentheses B's time over the persistent one's (above 1: persistent is faster) and the "
                  "block's spread, how far apart its two rows of the registered kernel are.")
+    return "\n".join(lines)
+
+
+# The two pieces of the fourth session of 2026-11-25 (RUNS.md, call 3), bf16 only: the device budget
+# ran out before the fp16 runs and the whole ladder again. Their rows are the ladder's, then
+# "+ TMA store of O" and "+ persistent blocks" (now with two Q buffers and the serpentine order);
+# "stage 12 as built" timed the TMA store kernel, which forward() ran in that call.
+VARIANTS12_NEW_FILES = ("h100_stage12_tma_persistent_bf16_d128.txt", "h100_stage12_tma_persistent_bf16_d64.txt")
+VARIANTS12_NEW_ROWS = ("+ intra-warpgroup overlap", "+ TMA store of O", "+ persistent blocks")
+
+
+def load_variants12_new():
+    """{(dtype, head_dim, causal, N): {slug: row}} of the fourth session's runs."""
+    blocks = {}
+    for name in VARIANTS12_NEW_FILES:
+        for key, row in load_variants12_file(name).items():
+            blocks.setdefault(key[:4], {})[key[4]] = row
+    return blocks
+
+
+def stage12_new_pieces_table():
+    """Version B, then the TMA store of O, then persistent blocks with two Q buffers: TFLOP/s and each
+    step's speed-up at every head_dim, causal setting and N, with the block's spread."""
+    blocks = load_variants12_new()
+    slugs = [variant_slug(v) for v in VARIANTS12_NEW_ROWS]
+    lines = ["| head_dim | causal | N | version B | + TMA store of O | + persistent blocks | TMA store / B | "
+             "persistent / TMA store | spread |", "|---|---|---|---|---|---|---|---|---|"]
+    for d in (128, 64):
+        for causal in (False, True):
+            for n in VARIANTS12_SEQS:
+                b = blocks[("bf16", d, causal, n)]
+                t = [b[slug] for slug in slugs]
+                lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | "
+                             + " | ".join(f"{r['tflops']:.1f}" for r in t)
+                             + f" | {t[0]['ms'] / t[1]['ms']:.2f}x | {t[1]['ms'] / t[2]['ms']:.2f}x | "
+                             f"{variant12_same(b, VARIANTS12_NEW_ROWS[1]):.1f}% |")
+    lines.append("")
+    lines.append("bf16 forward TFLOP/s on the FlashAttention grid, the rows of one shape timed in 3 interleaved "
+                 "rounds by `stage12-variants`; the ratios are the time of the row before over the row's own "
+                 "(above 1: the piece helps). \"spread\": how far apart the block's two timings of the TMA store "
+                 "kernel are (\"stage 12 as built\" was that kernel in this run): ratios closer to 1 than it are "
+                 "not resolved. From " + " and ".join(f"`bench/results/{f}`" for f in VARIANTS12_NEW_FILES)
+                 + " (commands: `bench/results/RUNS.md`).")
     return "\n".join(lines)
 
 
@@ -1553,6 +1593,7 @@ def tables():
     stage12 = {"stage12-variants-d64": lambda: stage12_variants_table(64),
                "stage12-variants-d128": lambda: stage12_variants_table(128),
                "stage12-steps": stage12_steps_table, "stage12-persistent": stage12_persistent_table,
+               "stage12-new-pieces": stage12_new_pieces_table,
                "ncu-stage12": ncu_stage12_table,
                "stage12-compare": stage12_compare_table}
     for name, make in stage12.items():
