@@ -547,7 +547,7 @@ def stage12_persistent_table():
     lines.append("")
     lines.append("Forward TFLOP/s of version B, then of version B with persistent blocks, from the variant runs "
                  "above; in parentheses B's time over the persistent one's (above 1: persistent is faster) and the "
-                 "block's spread, how far apart its two rows of the registered kernel are.")
+                 "block's spread, how far apart its two rows of version B (then the registered kernel) are.")
     return "\n".join(lines)
 
 
@@ -819,16 +819,18 @@ def ptxas_stage11_entries():
 def ptxas_stage12_entries():
     """Stage 12's kernels in ptxas_sm90.txt (compiled for sm_90a): (dtype, head_dim, causal, config) ->
     (registers, stack, spill stores, spill loads); config is HopperConfig's arguments joined by '-'
-    (consumers, keys per tile, stages, then setmaxnreg, ping-pong, overlap as 0/1), e.g. 2-128-2-0-0-0."""
+    (consumers, keys per tile, stages, then setmaxnreg, ping-pong, overlap, TMA store as 0/1, then Q
+    buffers), e.g. 2-128-2-0-0-0-0-1."""
     text = (RESULTS / "ptxas_sm90.txt").read_text()
     entry = re.compile(r"Function properties for _ZN7stage1213hopper_kernelI(6__half|13__nv_bfloat16)Li(\d+)ELb([01])E"
-                       r"NS_12HopperConfigILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])E\w*\n\s*(\d+) bytes "
-                       r"stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\nptxas info\s*: Used (\d+) registers")
+                       r"NS_12HopperConfigILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])ELb([01])ELi(\d+)E\w*\n"
+                       r"\s*(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\nptxas info\s*: "
+                       r"Used (\d+) registers")
     out = {}
     for m in entry.finditer(text):
         dtype = "fp16" if m[1] == "6__half" else "bf16"
-        out[(dtype, int(m[2]), m[3] == "1", "-".join(m[i] for i in range(4, 10)))] = tuple(
-            int(m[i]) for i in (13, 10, 11, 12))
+        out[(dtype, int(m[2]), m[3] == "1", "-".join(m[i] for i in range(4, 12)))] = tuple(
+            int(m[i]) for i in (15, 12, 13, 14))
     if not out:
         raise KeyError("stage 12 in ptxas_sm90.txt")
     return out
@@ -1756,10 +1758,13 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         over its own
       variant12-total/TAG/dD/cC/N       version A's time over version B's
       variant12-persistent/TAG/dD/cC/N  version B's time over B's with persistent blocks
-      variant12-same/TAG/dD/cC/N        how far apart, in % of the smaller time, the two rows that time the
-                                        registered kernel are ("stage 12 as built", "+ intra-warpgroup overlap";
-                                        refused if hopper.h registers another variant)
+      variant12-same/TAG/dD/cC/N        how far apart, in % of the smaller time, the two rows that time
+                                        version B are ("stage 12 as built", "+ intra-warpgroup overlap": the
+                                        registered kernel when those runs were made, VARIANTS12_AS_BUILT)
       variant12-same-max/all|dD         the largest of those over every complete block
+      variant12-new/dD/cC/N/tma|persistent  a step of the fourth session's bf16 runs (VARIANTS12_NEW_FILES):
+                                        version B's time over the TMA store's, or the TMA store's over the
+                                        persistent blocks'
       ncu12/dD/WHAT                     stage 12's profile (h100_ncu_stage12_dD.csv, _tensor.csv), the mean over
                                         the launches: time-ms, tensor-pct, gmma-pct, gmma-inst, sm-pct, mem-pct,
                                         dram-pct, warps-pct, registers (NCU12_METRICS); tflops (FlashAttention
@@ -2043,6 +2048,11 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         if kind == "variant12-persistent":
             return f"{block[ladder[-1]]['ms'] / block[variant_slug(VARIANTS12_PERSISTENT)]['ms']:.2f}"
         return f"{variant12_same(block):.1f}"
+    if kind == "variant12-new":  # variant12-new/dD/cC/N/tma|persistent: a step of stage12_new_pieces_table
+        d, causal, n = int(parts[1][1:]), parts[2] == "c1", int(parts[3])
+        rows = [load_variants12_new()[("bf16", d, causal, n)][variant_slug(v)] for v in VARIANTS12_NEW_ROWS]
+        i = {"tma": 1, "persistent": 2}[parts[4]]
+        return f"{rows[i - 1]['ms'] / rows[i]['ms']:.2f}"
     if kind == "variant12-same-max":  # .../all or .../dD
         spread = [variant12_same(b) for key, (_, b) in load_variants12().items()
                   if parts[1] == "all" or key[1] == int(parts[1][1:])]

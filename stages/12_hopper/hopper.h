@@ -32,7 +32,7 @@ enum class Variant : int {
   kPingPong,       // the two consumers take turns on the tensor cores (named barriers)
   kIntraOverlap,   // version B: and each overlaps its softmax with its previous P V product
   kTmaStore,       // version B writing O through shared memory with a TMA store
-  kPersistent,     // the last, with one block per SM taking work tiles in turn
+  kPersistent,     // the last, one block per SM taking work tiles in turn, with two Q buffers
 };
 // How many Variant values there are, kRegistered included.
 constexpr int kVariantCount = 8;

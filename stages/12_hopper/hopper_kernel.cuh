@@ -393,7 +393,8 @@ __device__ void produce(const Smem<Element, kHeadDim, Config>& sm, const CUtenso
       for (int c = 0; c < Config::kConsumers; ++c)
 #pragma unroll
         for (int p = 0; p < L::kPanels; ++p)
-          tma_load_3d(sm.q(q_round, c, p), q_map, sm.q_full(q_round), p * kPanelCols, first_row + c * kWgmmaM, q_head);
+          tma_load_3d(sm.q(q_round, c, p), q_map, sm.q_full(q_round), p * kPanelCols, first_row + c * kWgmmaM,
+                      q_head);
     }
     mbarrier_wait(sm.v_empty(s), empty_parity);
     mbarrier_arrive_expect_tx(sm.v_full(s), L::kKVBytes);
@@ -485,7 +486,9 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
   int j = 0;
   for (; j < first_masked && j < w.num_tiles; ++j) step(j, Unmasked{});
   for (; j < w.num_tiles; ++j) step(j, Masked{});
-  if constexpr (!Config::kTmaStore) release(sm.q_empty(w.q_round), lane);  // every product that reads Q has finished
+  // Every product that reads Q has finished; with kTmaStore the buffer holds O first, and
+  // store_output_tma releases it.
+  if constexpr (!Config::kTmaStore) release(sm.q_empty(w.q_round), lane);
 }
 
 // The overlapped consumer loop (version B). Iteration j issues S_j = Q K_j^T and, behind it,
@@ -646,7 +649,6 @@ __device__ inline void store_output(Element* o_head, float* lse_head, const floa
   }
 }
 
-
 // kTmaStore's epilogue. The warpgroup writes its O tile, normalized and rounded, into its own Q
 // buffer in the layout the copy engine loaded Q in: 64-column panels of 128-byte rows, the 16-byte
 // chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle). Each warp store is then free of
@@ -658,7 +660,7 @@ __device__ inline void store_output(Element* o_head, float* lse_head, const floa
 // wait for before it exits. lse is written as in store_output.
 template <typename Element, int kHeadDim, class Config>
 __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& sm, const CUtensorMap* o_map,
-                                        int q_round, int consumer, int first_row, int head, float* lse_head,
+                                        int q_round, int consumer, int first_row, int bh, float* lse_head,
                                         const float (&o)[kHeadDim / 2], const float (&row_max2)[2],
                                         const float (&row_sum)[2], int seq_q) {
   using L = SharedLayout<kHeadDim, Config>;
@@ -679,14 +681,15 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
           pack2<Element>(o[4 * i + 2 * h] * normalizer, o[4 * i + 2 * h + 1] * normalizer);
     }
     const int row = first_row + tile_row;
-    if (lse_head && t == 0 && row < seq_q) lse_head[row] = sum > 0.0f ? (row_max2[h] + log2f(sum)) * kLn2 : -INFINITY;
+    if (lse_head && t == 0 && row < seq_q)
+      lse_head[row] = sum > 0.0f ? (row_max2[h] + log2f(sum)) * kLn2 : -INFINITY;
   }
   hopper::fence_proxy_async_shared();  // the stores above, before the copy engine reads them
   warpgroup_sync(consumer);
   if (thread == 0) {
 #pragma unroll
     for (int p = 0; p < L::kPanels; ++p)
-      hopper::tma_store_3d(o_map, sm.q(q_round, consumer, p), p * kPanelCols, first_row, head);
+      hopper::tma_store_3d(o_map, sm.q(q_round, consumer, p), p * kPanelCols, first_row, bh);
     hopper::bulk_commit();
     hopper::bulk_wait_read<0>();
     mbarrier_arrive(sm.q_empty(q_round));
@@ -696,17 +699,18 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
 }  // namespace kernel_detail
 
 // One work tile per (batch, query head, query tile of Config::kBlockRows rows), numbered as stage
-// 10's grid: causal runs the longest tiles of every head first. Block b takes work tile b: one
-// each when the grid has a block per tile; with one block per SM (persistent), one in each pass over
-// the grid, in serpentine order (tile_of_pass). q_map, k_map, v_map: 3-D tensor maps (head_dim, sequence, batch * heads) over q,
-// k, v with boxes of (64, 64 or Bc, 1), 128-byte swizzle (hopper.cu makes them). The K/V head of
-// query head h is an index into k_map and v_map (GQA).
+// 10's grid: causal runs the longest tiles of every head first. Block b takes work tile b when the
+// grid has a block per tile; with one block per SM (persistent), one in each pass over the grid, in
+// serpentine order (tile_of_pass). q_map, k_map, v_map, o_map: 3-D tensor maps (head_dim, sequence,
+// batch * heads) over q, k, v, o with boxes of (64, 64 or Bc, 1), 128-byte swizzle (hopper.cu makes
+// them; o_map is used by kTmaStore only). The K/V head of query head h is an index into k_map and
+// v_map (GQA).
 template <typename Element, int kHeadDim, bool kCausal, class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
     hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, Element* o,
-                  float* lse, int heads_q, int heads_kv,
-                  int seq_q, int seq_kv, float scale_log2, int num_q_tiles, int num_heads_total) {
+                  float* lse, int heads_q, int heads_kv, int seq_q, int seq_kv, float scale_log2, int num_q_tiles,
+                  int num_heads_total) {
 #if FLASH_HOPPER_SM90A
   using namespace kernel_detail;
   static_assert(sizeof(Element) == kElementBytes, "16-bit elements");
@@ -816,7 +820,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         // (A work tile that sees no key has no Q round: the producer skipped it, and its zeros go
         // out through store_output, which leaves Q's buffer and q_empty alone.)
         store_output_tma<Element, kHeadDim, Config>(sm, &o_map, w.q_round, warpgroup, w.first_row,
-                                                    static_cast<int>(t.bh), lse_head, acc_o, row_max2, row_sum, seq_q);
+                                                    static_cast<int>(t.bh), lse_head, acc_o, row_max2, row_sum,
+                                                    seq_q);
       } else {
         const int lane = threadIdx.x % 32;
         const int row0 = w.first_row + 16 * ((threadIdx.x % kWarpgroupThreads) / 32) + lane / 4;
@@ -827,8 +832,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   }
 #else
   // Compiled for another target: never launched (stage12::check_gpu refuses first).
-  (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse, (void)heads_q, (void)heads_kv, (void)seq_q, (void)seq_kv;
-  (void)scale_log2, (void)num_q_tiles, (void)num_heads_total;
+  (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse, (void)heads_q, (void)heads_kv;
+  (void)seq_q, (void)seq_kv, (void)scale_log2, (void)num_q_tiles, (void)num_heads_total;
 #endif
 }
 
