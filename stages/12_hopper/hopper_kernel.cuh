@@ -627,6 +627,14 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   if constexpr (!Config::kTmaStore) release(sm.q_empty(w.q_round), lane);
 }
 
+// What the output of a row is multiplied by: 1 / sum, or 0 for a row that saw no key (its O is zeros).
+__device__ inline float row_normalizer(float sum) { return sum > 0.0f ? 1.0f / sum : 0.0f; }
+
+// lse = ln(sum 2^(s2 - max2) * 2^max2) = (max2 + log2(sum)) * ln 2; -inf for a row that saw no key.
+__device__ inline float row_lse(float row_max2, float sum) {
+  return sum > 0.0f ? (row_max2 + log2f(sum)) * kLn2 : -INFINITY;
+}
+
 // O normalized and rounded to Element, lse in base e; rows past seq_q are not written. Each thread
 // writes two adjacent elements per 8-column block of its two rows (stage 10's store).
 template <typename Element, int kHeadDim>
@@ -638,14 +646,13 @@ __device__ inline void store_output(Element* o_head, float* lse_head, const floa
     const float sum = sum_over_row_lanes(row_sum[h]);
     const int row = row0 + 8 * h;
     if (row >= seq_q) continue;
-    const float normalizer = sum > 0.0f ? 1.0f / sum : 0.0f;  // an empty row's O is zeros
+    const float normalizer = row_normalizer(sum);
     Element* o_row = o_head + static_cast<long long>(row) * kHeadDim;
 #pragma unroll
     for (int i = 0; i < kHeadDim / 8; ++i)
       *reinterpret_cast<uint32_t*>(o_row + 8 * i + 2 * t) =
           pack2<Element>(o[4 * i + 2 * h] * normalizer, o[4 * i + 2 * h + 1] * normalizer);
-    // lse = ln(sum 2^(s2 - max2) * 2^max2) = (max2 + log2(sum)) * ln 2.
-    if (lse_head && t == 0) lse_head[row] = sum > 0.0f ? (row_max2[h] + log2f(sum)) * kLn2 : -INFINITY;
+    if (lse_head && t == 0) lse_head[row] = row_lse(row_max2[h], sum);
   }
 }
 
@@ -664,7 +671,7 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
                                         const float (&o)[kHeadDim / 2], const float (&row_max2)[2],
                                         const float (&row_sum)[2], int seq_q) {
   using L = SharedLayout<kHeadDim, Config>;
-  constexpr int kChunkBytes = 16;
+  constexpr int kChunkBytes = 16;  // the unit the 128-byte swizzle permutes (kSwizzleBytes)
   constexpr int kChunksPerRow = kSwizzleBytes / kChunkBytes;  // 8: one chunk per 8-column block
   const int thread = threadIdx.x % kWarpgroupThreads;
   const int warp = thread / 32, lane = thread % 32;
@@ -672,7 +679,7 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float sum = sum_over_row_lanes(row_sum[h]);
-    const float normalizer = sum > 0.0f ? 1.0f / sum : 0.0f;  // an empty row's O is zeros
+    const float normalizer = row_normalizer(sum);
     const int tile_row = 16 * warp + g + 8 * h;               // tile_row % 8 == g
 #pragma unroll
     for (int i = 0; i < kHeadDim / 8; ++i) {
@@ -681,8 +688,7 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
           pack2<Element>(o[4 * i + 2 * h] * normalizer, o[4 * i + 2 * h + 1] * normalizer);
     }
     const int row = first_row + tile_row;
-    if (lse_head && t == 0 && row < seq_q)
-      lse_head[row] = sum > 0.0f ? (row_max2[h] + log2f(sum)) * kLn2 : -INFINITY;
+    if (lse_head && t == 0 && row < seq_q) lse_head[row] = row_lse(row_max2[h], sum);
   }
   hopper::fence_proxy_async_shared();  // the stores above, before the copy engine reads them
   warpgroup_sync(consumer);
