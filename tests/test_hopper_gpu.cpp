@@ -65,6 +65,7 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kIntraOverlap: return variant_forward<stage12::Variant::kIntraOverlap>;
     case stage12::Variant::kTmaStore: return variant_forward<stage12::Variant::kTmaStore>;
     case stage12::Variant::kPersistent: return variant_forward<stage12::Variant::kPersistent>;
+    case stage12::Variant::kTilePairs: return variant_forward<stage12::Variant::kTilePairs>;
   }
   return nullptr;
 }
@@ -91,19 +92,22 @@ std::vector<VariantCase> variant_cases() {
           }
   // Persistent blocks: more work tiles than an H100 has SMs, so that blocks take several in turn
   // (the ring and Q carried over, odd and even tile counts), and causal work tiles that see no key
-  // (seq_q > seq_kv) between tiles that do.
+  // (seq_q > seq_kv) between tiles that do. In pairs (kTilePairs), 3 query tiles a head leave the
+  // middle one without a partner.
   const int many_tiles[][5] = {
       {4, 40, 8, 300, 257},  // 480 work tiles of 3 K/V tiles or fewer (causal)
-      {3, 48, 48, 129, 63},  // 288 work tiles; causal: the second query tile of each head sees no key
+      {3, 48, 48, 129, 63},  // 288 work tiles; causal: the first 66 rows of each head see no key
+      {4, 40, 8, 400, 100},  // causal: query tiles 0 and 1 of each head see no key, each second in its pair
   };
-  for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
-    for (int head_dim : {64, 128})
-      for (const auto& s : many_tiles)
-        for (bool causal : {false, true}) {
-          harness::Problem p{s[0], s[1], s[2], s[3], s[4], head_dim, causal};
-          p.dtype = dtype;
-          cases.push_back({stage12::Variant::kPersistent, p});
-        }
+  for (stage12::Variant variant : {stage12::Variant::kPersistent, stage12::Variant::kTilePairs})
+    for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
+      for (int head_dim : {64, 128})
+        for (const auto& s : many_tiles)
+          for (bool causal : {false, true}) {
+            harness::Problem p{s[0], s[1], s[2], s[3], s[4], head_dim, causal};
+            p.dtype = dtype;
+            cases.push_back({variant, p});
+          }
   // A negative scale (Q negated in shared memory, with its proxy fence) for every variant.
   for (int v = 1; v < stage12::kVariantCount; ++v) {
     harness::Problem p{2, 4, 2, 129, 200, 128, true};

@@ -108,7 +108,7 @@ flash::Status make_tensor_map(CUtensorMap* map, const void* base, flash::DType d
 // Launch
 // ---------------------------------------------------------------------------------------------
 
-// persistent: one block per SM, each taking work tiles in turn, instead of one block per work tile.
+// persistent: one block per SM, each taking work units in turn, instead of one block per work unit.
 template <typename Element, int kHeadDim, class Config>
 flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
                             int heads_kv, int seq_q, int seq_kv, float scale, bool causal, flash::DType dtype,
@@ -134,7 +134,7 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   if (!status.ok()) return status;
   const int num_q_tiles = (seq_q + Config::kBlockRows - 1) / Config::kBlockRows;
   const int num_heads_total = batch * heads_q;
-  long long blocks = static_cast<long long>(num_heads_total) * num_q_tiles;
+  long long blocks = kernel_detail::num_work_units<Config>(num_heads_total, num_q_tiles);
   if (persistent) {
     // One block per SM is all that fits: the registers of 384 threads at 168 each (setmaxnreg).
     int device = 0, num_sms = 0;
@@ -151,7 +151,7 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
 
 // The configurations the lesson measures, each adding one piece to the one before
 // (HopperConfig<consumers, keys per tile, stages, register split, ping-pong, intra overlap, TMA store,
-// Q buffers>).
+// Q buffers, query tiles in pairs>).
 using VariantA = HopperConfig<1, 128, 2>;
 using VariantTwoConsumers = HopperConfig<2, 128, 2>;
 using VariantRegisterSplit = HopperConfig<2, 128, 2, true>;
@@ -159,6 +159,7 @@ using VariantPingPong = HopperConfig<2, 128, 2, true, true>;
 using VariantIntraOverlap = HopperConfig<2, 128, 2, true, true, true>;
 using VariantTmaStore = HopperConfig<2, 128, 2, true, true, true, true>;
 using VariantPersistent = HopperConfig<2, 128, 2, true, true, true, true, 2>;  // launched persistent
+using VariantTilePairs = HopperConfig<2, 128, 2, true, true, true, true, 2, true>;  // launched persistent
 
 template <class Config>
 flash::Status launch_config(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
@@ -211,6 +212,7 @@ const char* variant_name(Variant variant) {
     case Variant::kIntraOverlap: return "+ intra-warpgroup overlap";
     case Variant::kTmaStore: return "+ TMA store of O";
     case Variant::kPersistent: return "+ persistent blocks";
+    case Variant::kTilePairs: return "+ query tiles in pairs, head by head";
   }
   return "unknown variant";
 }
@@ -245,6 +247,9 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
     case Variant::kPersistent:
       return launch_config<VariantPersistent>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
                                               scale, causal, dtype, stream, true);
+    case Variant::kTilePairs:
+      return launch_config<VariantTilePairs>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                             scale, causal, dtype, stream, true);
     case Variant::kTmaStore:
     default:  // every other value is named above; kRegistered became kRegisteredVariant
       return launch_config<VariantTmaStore>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,

@@ -32,12 +32,13 @@ enum class Variant : int {
   kPingPong,       // the two consumers take turns on the tensor cores (named barriers)
   kIntraOverlap,   // version B: and each overlaps its softmax with its previous P V product
   kTmaStore,       // version B writing O through shared memory with a TMA store
-  kPersistent,     // the last, one block per SM taking work tiles in turn, with two Q buffers
+  kPersistent,     // one block per SM taking work tiles in turn, with two Q buffers
+  kTilePairs,      // the last, a persistent block takes query tiles in pairs of one head, head by head
 };
 // How many Variant values there are, kRegistered included.
-constexpr int kVariantCount = 8;
-// The configuration forward() runs: every piece switched on, persistent blocks included.
-constexpr Variant kRegisteredVariant = Variant::kPersistent;
+constexpr int kVariantCount = 9;
+// The configuration forward() runs: every piece switched on.
+constexpr Variant kRegisteredVariant = Variant::kTilePairs;
 
 // "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
 const char* variant_name(Variant variant);

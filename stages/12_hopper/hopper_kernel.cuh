@@ -31,6 +31,9 @@
 //   to the next and Q alternates between its buffers, so the producer loads the next tile's Q and
 //   first K/V tiles while the consumers still work on this one; each buffer's "Q empty" barrier
 //   tells it when the buffer may be overwritten.
+// - Query tiles in pairs, head by head (kTilePairs): a persistent block takes query tiles i and
+//   num_q_tiles - 1 - i of one head in turn, so causal blocks get equal work without taking the
+//   longest tile of every head first, and the blocks in flight share the K and V of a few heads in L2.
 // - The softmax itself is stage 10's: base 2, the scale inside the exp2's FFMA, a negative scale
 //   folded into Q in shared memory (which, between two async-proxy accesses, needs a proxy fence).
 //   It reads the scores and writes the probabilities straight into P's registers. Whether a tile is
@@ -57,8 +60,10 @@ namespace stage12 {
 //   kTmaStore: O leaves through shared memory and a TMA store (store_output_tma).
 //   kQStages: Q buffers; two let a persistent block load the next work tile's Q while the consumers
 //     still work on this one's.
+//   kTilePairs: a block takes query tiles in pairs of one head, the i-th from the end and the i-th
+//     from the start (the kernel's num_work_units), instead of one work tile at a time.
 template <int kConsumers_, int kBlockCols_, int kStages_, bool kRegisterSplit_ = false, bool kPingPong_ = false,
-          bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1>
+          bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1, bool kTilePairs_ = false>
 struct HopperConfig {
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockRows = 64 * kConsumers;
@@ -69,6 +74,7 @@ struct HopperConfig {
   static constexpr bool kIntraOverlap = kIntraOverlap_;
   static constexpr bool kTmaStore = kTmaStore_;
   static constexpr int kQStages = kQStages_;
+  static constexpr bool kTilePairs = kTilePairs_;
   // The consumers come first (warpgroups 0 .. kConsumers - 1, each starting at a warp index
   // divisible by 4, as wgmma requires), the producer after them.
   static constexpr int kProducerThreads = kRegisterSplit ? 128 : 32;
@@ -702,12 +708,24 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
   }
 }
 
+// The work units of a grid: each a work tile (Br query rows of one head), or with kTilePairs a pair
+// of them, the query tiles i and num_q_tiles - 1 - i of one head. A causal pair sees as many K/V
+// tiles as any other, so blocks that take one pair each in turn end together without a longest-first
+// order across heads; and the pairs come head by head, so the blocks in flight read the K and V of a
+// few heads, which stay in L2, where longest first runs one query tile of every head at once.
+template <class Config>
+__host__ __device__ inline long long num_work_units(int num_heads_total, int num_q_tiles) {
+  const int units_per_head = Config::kTilePairs ? (num_q_tiles + 1) / 2 : num_q_tiles;
+  return static_cast<long long>(num_heads_total) * units_per_head;
+}
+
 }  // namespace kernel_detail
 
-// One work tile per (batch, query head, query tile of Config::kBlockRows rows), numbered as stage
-// 10's grid: causal runs the longest tiles of every head first. Block b takes work tile b when the
-// grid has a block per tile; with one block per SM (persistent), one in each pass over the grid, in
-// serpentine order (tile_of_pass). q_map, k_map, v_map, o_map: 3-D tensor maps (head_dim, sequence,
+// One work unit (num_work_units) per (batch, query head, query tile of Config::kBlockRows rows),
+// numbered as stage 10's grid: causal runs the longest tiles of every head first; or, kTilePairs, one
+// per pair of query tiles, head by head. Block b takes work unit b when the grid has a block per
+// unit; with one block per SM (persistent), one in each pass over the grid, in serpentine order
+// (unit_of_pass). q_map, k_map, v_map, o_map: 3-D tensor maps (head_dim, sequence,
 // batch * heads) over q, k, v, o with boxes of (64, 64 or Bc, 1), 128-byte swizzle (hopper.cu makes
 // them; o_map is used by kTmaStore only). The K/V head of query head h is an index into k_map and
 // v_map (GQA).
@@ -739,39 +757,60 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   }
   __syncthreads();
 
-  // Work tile `tile`: which rows of which head, and how many K/V tiles they see.
+  // Work tile (bh, q_tile): which rows of which head, and how many K/V tiles they see.
   struct WorkTile {
     long long bh;  // batch * heads_q + query head
     int first_row, kv_head, num_tiles;
   };
-  auto work_tile = [&](long long tile) {
+  auto work_tile = [&](long long bh, int q_tile) {
     WorkTile t;
-    int q_tile;
-    if (kCausal) {
-      t.bh = tile % num_heads_total;
-      q_tile = num_q_tiles - 1 - static_cast<int>(tile / num_heads_total);
-    } else {
-      t.bh = tile / num_q_tiles;
-      q_tile = static_cast<int>(tile % num_q_tiles);
-    }
+    t.bh = bh;
     t.first_row = q_tile * Config::kBlockRows;
-    const int b = static_cast<int>(t.bh / heads_q);
-    const int h = static_cast<int>(t.bh % heads_q);
+    const int b = static_cast<int>(bh / heads_q);
+    const int h = static_cast<int>(bh % heads_q);
     t.kv_head = b * heads_kv + flash::kv_head_of(h, heads_q, heads_kv);
     const int last_row = min(t.first_row + Config::kBlockRows, seq_q) - 1;
     const int key_end = kCausal ? min(seq_kv, flash::causal_key_end(last_row, seq_q, seq_kv)) : seq_kv;
     t.num_tiles = key_end > 0 ? (key_end + Config::kBlockCols - 1) / Config::kBlockCols : 0;
     return t;
   };
-  const long long num_work_tiles = static_cast<long long>(num_heads_total) * num_q_tiles;
-  // Block b's work tile in pass p over the grid: b in even passes, gridDim.x - 1 - b in odd ones (a
+  const long long num_units = num_work_units<Config>(num_heads_total, num_q_tiles);
+  // Block b's work unit in pass p over the grid: b in even passes, gridDim.x - 1 - b in odd ones (a
   // serpentine order). Causal work tiles come longest first, so the block that takes a pass's longest
   // tile takes the next pass's shortest, and the blocks of a persistent grid end at about the same
   // time; in the order b, b + gridDim.x, ... block 0 took the longest tile of every pass. A grid with a
-  // block per work tile has one pass.
-  const int num_passes = static_cast<int>((num_work_tiles + gridDim.x - 1) / gridDim.x);
-  auto tile_of_pass = [&](int pass) {
+  // block per work unit has one pass.
+  const int num_passes = static_cast<int>((num_units + gridDim.x - 1) / gridDim.x);
+  auto unit_of_pass = [&](int pass) {
     return static_cast<long long>(pass) * gridDim.x + (pass % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x);
+  };
+  // The block's step-th work tile: the first or second of pass step / kTilesPerUnit's unit. False
+  // when there is none: past the last unit, or the second of a pair that is one tile.
+  constexpr int kTilesPerUnit = Config::kTilePairs ? 2 : 1;
+  const int num_steps = num_passes * kTilesPerUnit;
+  auto work_tile_of_step = [&](int step, WorkTile& t) {
+    const long long unit = unit_of_pass(step / kTilesPerUnit);
+    if (unit >= num_units) return false;
+    long long bh;
+    int q_tile;
+    if constexpr (Config::kTilePairs) {
+      // Pair i of a head: query tile num_q_tiles - 1 - i, then tile i. Causal, the two see
+      // num_q_tiles + 1 K/V tiles together (with Br = Bc and seq_q = seq_kv), whatever i is.
+      const int pairs_per_head = (num_q_tiles + 1) / 2;
+      bh = unit / pairs_per_head;
+      const int i = static_cast<int>(unit % pairs_per_head);
+      const bool second = step % 2 == 1;
+      if (second && i == num_q_tiles - 1 - i) return false;  // the middle tile of an odd count
+      q_tile = second ? i : num_q_tiles - 1 - i;
+    } else if (kCausal) {
+      bh = unit % num_heads_total;
+      q_tile = num_q_tiles - 1 - static_cast<int>(unit / num_heads_total);
+    } else {
+      bh = unit / num_q_tiles;
+      q_tile = static_cast<int>(unit % num_q_tiles);
+    }
+    t = work_tile(bh, q_tile);
+    return true;
   };
   // Both roles walk the same work tiles and count the same K/V tiles (ring) and Q tiles (q_round),
   // so their barrier phases agree without talking.
@@ -782,11 +821,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if constexpr (Config::kRegisterSplit) hopper::setmaxnreg_dec<kProducerRegisters>();
     if (threadIdx.x % kWarpgroupThreads != 0) return;
     int ring = 0, q_round = 0;
-    for (int pass = 0; pass < num_passes; ++pass) {
-      const long long tile = tile_of_pass(pass);
-      if (tile >= num_work_tiles) continue;
-      const WorkTile t = work_tile(tile);
-      if (t.num_tiles == 0) continue;
+    for (int step = 0; step < num_steps; ++step) {
+      WorkTile t;
+      if (!work_tile_of_step(step, t) || t.num_tiles == 0) continue;
       produce<Element, kHeadDim, Config>(sm, &q_map, &k_map, &v_map, t.first_row, static_cast<int>(t.bh), t.kv_head,
                                          t.num_tiles, ring, q_round);
       ring += t.num_tiles;
@@ -795,10 +832,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   } else {
     if constexpr (Config::kRegisterSplit) hopper::setmaxnreg_inc<kConsumerRegisters>();
     int ring = 0, q_round = 0;
-    for (int pass = 0; pass < num_passes; ++pass) {
-      const long long tile = tile_of_pass(pass);
-      if (tile >= num_work_tiles) continue;
-      const WorkTile t = work_tile(tile);
+    for (int step = 0; step < num_steps; ++step) {
+      WorkTile t;
+      if (!work_tile_of_step(step, t)) continue;
       ConsumerWork w;
       w.consumer = warpgroup;
       w.first_row = t.first_row + warpgroup * kWgmmaM;
