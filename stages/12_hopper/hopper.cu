@@ -134,18 +134,25 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   if (!status.ok()) return status;
   const int num_q_tiles = (seq_q + Config::kBlockRows - 1) / Config::kBlockRows;
   const int num_heads_total = batch * heads_q;
-  long long blocks = kernel_detail::num_work_units<Config>(num_heads_total, num_q_tiles);
+  int num_sms = 0;
   if (persistent) {
-    // One block per SM is all that fits: the registers of 384 threads at 168 each (setmaxnreg).
-    int device = 0, num_sms = 0;
+    int device = 0;
     status = flash::cuda_status(cudaGetDevice(&device));
     if (status.ok()) status = flash::cuda_status(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
     if (!status.ok()) return status;
-    blocks = std::min<long long>(blocks, num_sms);
   }
+  // Causal work tiles one at a time, longest first, spread each pass of a persistent grid over
+  // min(heads, SMs) heads. With more heads than half the SMs, most heads have one block in a pass and
+  // their next query tile comes passes later, after their K and V have left the L2. Pairs of query
+  // tiles (kTilePairs) keep a head's tiles together; a pair is twice the work of a tile, though, so
+  // the last pass leaves more SMs idle, which costs where the heads are few and the sequences long.
+  const int tiles_per_unit = Config::kTilePairs && persistent && causal && 2 * num_heads_total > num_sms ? 2 : 1;
+  long long blocks = kernel_detail::num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
+  // One block per SM is all that fits: the registers of 384 threads at 168 each (setmaxnreg).
+  if (persistent) blocks = std::min<long long>(blocks, num_sms);
   kernel<<<static_cast<unsigned>(blocks), Config::kThreads, kSharedBytes, stream>>>(
       q_map, k_map, v_map, o_map, static_cast<Element*>(o), lse, heads_q, heads_kv, seq_q, seq_kv,
-      scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total);
+      scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total, tiles_per_unit);
   return flash::last_launch_status();
 }
 

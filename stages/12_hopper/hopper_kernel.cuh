@@ -31,9 +31,9 @@
 //   to the next and Q alternates between its buffers, so the producer loads the next tile's Q and
 //   first K/V tiles while the consumers still work on this one; each buffer's "Q empty" barrier
 //   tells it when the buffer may be overwritten.
-// - Query tiles in pairs, head by head (kTilePairs): a persistent block takes query tiles i and
-//   num_q_tiles - 1 - i of one head in turn, so causal blocks get equal work without taking the
-//   longest tile of every head first, and the blocks in flight share the K and V of a few heads in L2.
+// - Query tiles in pairs, head by head (kTilePairs): a persistent causal block takes query tiles i
+//   and num_q_tiles - 1 - i of one head in turn, so blocks get equal work without taking the longest
+//   tile of every head first, and the blocks in flight share the K and V of a few heads in L2.
 // - The softmax itself is stage 10's: base 2, the scale inside the exp2's FFMA, a negative scale
 //   folded into Q in shared memory (which, between two async-proxy accesses, needs a proxy fence).
 //   It reads the scores and writes the probabilities straight into P's registers. Whether a tile is
@@ -60,8 +60,8 @@ namespace stage12 {
 //   kTmaStore: O leaves through shared memory and a TMA store (store_output_tma).
 //   kQStages: Q buffers; two let a persistent block load the next work tile's Q while the consumers
 //     still work on this one's.
-//   kTilePairs: a block takes query tiles in pairs of one head, the i-th from the end and the i-th
-//     from the start (the kernel's num_work_units), instead of one work tile at a time.
+//   kTilePairs: a persistent causal grid may take query tiles in pairs of one head, the i-th from the
+//     end and the i-th from the start (num_work_units; hopper.cu decides per launch).
 template <int kConsumers_, int kBlockCols_, int kStages_, bool kRegisterSplit_ = false, bool kPingPong_ = false,
           bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1, bool kTilePairs_ = false>
 struct HopperConfig {
@@ -708,22 +708,22 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
   }
 }
 
-// The work units of a grid: each a work tile (Br query rows of one head), or with kTilePairs a pair
-// of them, the query tiles i and num_q_tiles - 1 - i of one head. A causal pair sees as many K/V
-// tiles as any other, so blocks that take one pair each in turn end together without a longest-first
-// order across heads; and the pairs come head by head, so the blocks in flight read the K and V of a
-// few heads, which stay in L2, where longest first runs one query tile of every head at once.
-template <class Config>
-__host__ __device__ inline long long num_work_units(int num_heads_total, int num_q_tiles) {
-  const int units_per_head = Config::kTilePairs ? (num_q_tiles + 1) / 2 : num_q_tiles;
+// The work units of a grid: each a work tile (Br query rows of one head) when tiles_per_unit is 1,
+// or a pair of them when it is 2, the query tiles i and num_q_tiles - 1 - i of one head. A causal
+// pair sees as many K/V tiles as any other, so blocks that take one pair each in turn end together
+// without a longest-first order across heads; and the pairs come head by head, so the blocks in
+// flight read the K and V of a few heads, which stay in L2, where longest first runs one query tile
+// of every head at once.
+__host__ __device__ inline long long num_work_units(int num_heads_total, int num_q_tiles, int tiles_per_unit) {
+  const int units_per_head = tiles_per_unit == 2 ? (num_q_tiles + 1) / 2 : num_q_tiles;
   return static_cast<long long>(num_heads_total) * units_per_head;
 }
 
 }  // namespace kernel_detail
 
 // One work unit (num_work_units) per (batch, query head, query tile of Config::kBlockRows rows),
-// numbered as stage 10's grid: causal runs the longest tiles of every head first; or, kTilePairs, one
-// per pair of query tiles, head by head. Block b takes work unit b when the grid has a block per
+// numbered as stage 10's grid: causal runs the longest tiles of every head first; or, tiles_per_unit
+// 2, one per pair of query tiles, head by head. Block b takes work unit b when the grid has a block per
 // unit; with one block per SM (persistent), one in each pass over the grid, in serpentine order
 // (unit_of_pass). q_map, k_map, v_map, o_map: 3-D tensor maps (head_dim, sequence,
 // batch * heads) over q, k, v, o with boxes of (64, 64 or Bc, 1), 128-byte swizzle (hopper.cu makes
@@ -734,7 +734,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, Element* o,
                   float* lse, int heads_q, int heads_kv, int seq_q, int seq_kv, float scale_log2, int num_q_tiles,
-                  int num_heads_total) {
+                  int num_heads_total, int tiles_per_unit) {
 #if FLASH_HOPPER_SM90A
   using namespace kernel_detail;
   static_assert(sizeof(Element) == kElementBytes, "16-bit elements");
@@ -774,7 +774,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     t.num_tiles = key_end > 0 ? (key_end + Config::kBlockCols - 1) / Config::kBlockCols : 0;
     return t;
   };
-  const long long num_units = num_work_units<Config>(num_heads_total, num_q_tiles);
+  const long long num_units = num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
   // Block b's work unit in pass p over the grid: b in even passes, gridDim.x - 1 - b in odd ones (a
   // serpentine order). Causal work tiles come longest first, so the block that takes a pass's longest
   // tile takes the next pass's shortest, and the blocks of a persistent grid end at about the same
@@ -784,16 +784,15 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   auto unit_of_pass = [&](int pass) {
     return static_cast<long long>(pass) * gridDim.x + (pass % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x);
   };
-  // The block's step-th work tile: the first or second of pass step / kTilesPerUnit's unit. False
+  // The block's step-th work tile: the first or second of pass step / tiles_per_unit's unit. False
   // when there is none: past the last unit, or the second of a pair that is one tile.
-  constexpr int kTilesPerUnit = Config::kTilePairs ? 2 : 1;
-  const int num_steps = num_passes * kTilesPerUnit;
+  const int num_steps = num_passes * tiles_per_unit;
   auto work_tile_of_step = [&](int step, WorkTile& t) {
-    const long long unit = unit_of_pass(step / kTilesPerUnit);
+    const long long unit = unit_of_pass(step / tiles_per_unit);
     if (unit >= num_units) return false;
     long long bh;
     int q_tile;
-    if constexpr (Config::kTilePairs) {
+    if (tiles_per_unit == 2) {
       // Pair i of a head: query tile num_q_tiles - 1 - i, then tile i. Causal, the two see
       // num_q_tiles + 1 K/V tiles together (with Br = Bc and seq_q = seq_kv), whatever i is.
       const int pairs_per_head = (num_q_tiles + 1) / 2;
@@ -875,7 +874,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 #else
   // Compiled for another target: never launched (stage12::check_gpu refuses first).
   (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse, (void)heads_q, (void)heads_kv;
-  (void)seq_q, (void)seq_kv, (void)scale_log2, (void)num_q_tiles, (void)num_heads_total;
+  (void)seq_q, (void)seq_kv, (void)scale_log2, (void)num_q_tiles, (void)num_heads_total, (void)tiles_per_unit;
 #endif
 }
 
