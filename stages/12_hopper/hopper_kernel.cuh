@@ -722,10 +722,10 @@ __host__ __device__ inline long long num_work_units(int num_heads_total, int num
 }  // namespace kernel_detail
 
 // One work unit (num_work_units) per (batch, query head, query tile of Config::kBlockRows rows),
-// numbered as stage 10's grid: causal runs the longest tiles of every head first; or, tiles_per_unit
-// 2, one per pair of query tiles, head by head. Block b takes work unit b when the grid has a block per
-// unit; with one block per SM (persistent), one in each pass over the grid, in serpentine order
-// (unit_of_pass). q_map, k_map, v_map, o_map: 3-D tensor maps (head_dim, sequence,
+// numbered as stage 10's grid: causal runs the longest tiles of every head first; or, with
+// tiles_per_unit 2, one per pair of query tiles, head by head. Block b takes work unit b when the grid
+// has a block per unit; with one block per SM (persistent), one in each pass over the grid, in
+// serpentine order (unit_of_pass). q_map, k_map, v_map, o_map: 3-D tensor maps (head_dim, sequence,
 // batch * heads) over q, k, v, o with boxes of (64, 64 or Bc, 1), 128-byte swizzle (hopper.cu makes
 // them; o_map is used by kTmaStore only). The K/V head of query head h is an index into k_map and
 // v_map (GQA).
