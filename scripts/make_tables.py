@@ -34,7 +34,7 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
               no committed run holds the whole block
   stage12-steps   from the same files: what each piece buys at N = 16384, and how far apart the two rows
               that time the registered kernel are
-  stage12-persistent  from the same files: version B against B with persistent blocks, every block
+  stage12-after-b  from the same files: version B, then the three pieces after it, every block
   ncu-stage12     Nsight Compute of stage 12's kernel at head_dim 64 and 128
               (bench/results/h100_ncu_stage12_dNN.csv and _tensor.csv)
   decode-bench    stage 13's decode family of the benchmark (bench/results/h100_bench_decode.json):
@@ -391,20 +391,21 @@ def variants_table():
 # (Nsight Compute of hopper_kernel), its sanitizer log and the full ctest log
 # ---------------------------------------------------------------------------------------------
 
-# The stage12-variants runs of the H100 (bench/results/RUNS.md, 2026-11-23, third session): one per
-# dtype and head_dim, of the version with persistent blocks, each block's rows timed in interleaved
-# rounds. A block (dtype, head_dim, causal, N) is read from the last file here that holds all of its
-# rows. (h100_stage12_variants_cut.txt, the earlier version's first run, has no persistent row.)
+# The stage12-variants runs of the H100 (bench/results/RUNS.md, 2026-11-25, fifth session): one per
+# dtype and head_dim, of the ladder from version A to query tiles in pairs, each block's rows timed in
+# interleaved rounds. A block (dtype, head_dim, causal, N) is read from the last file here that holds
+# all of its rows. (h100_stage12_variants_cut.txt, an earlier version's first run, has none.)
 VARIANTS12_FILES = ("h100_stage12_variants_bf16_d128.txt", "h100_stage12_variants_fp16_d128.txt",
                     "h100_stage12_variants_bf16_d64.txt", "h100_stage12_variants_fp16_d64.txt")
 VARIANTS12_LINE = re.compile(r"(bf16|fp16) d(\d+)\s+causal=(\d) N=(\d+)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) TFLOP/s")
-# The rows of one block, in the order the program times them; the ladder runs from A to B, and
-# persistent blocks (B launched with one block per SM) come after it.
+# The rows of one block, in the order the program times them; the ladder runs from version A through
+# version B (the intra-warpgroup overlap) to the registered kernel, query tiles in pairs.
 VARIANTS12_ROWS = ("stage 10 as built", "stage 12 as built", "A: 1 consumer warpgroup, in order",
                    "+ 2 consumer warpgroups", "+ setmaxnreg (producer warpgroup)", "+ ping-pong",
-                   "+ intra-warpgroup overlap", "+ persistent blocks")
-VARIANTS12_LADDER = VARIANTS12_ROWS[2:-1]
-VARIANTS12_PERSISTENT = VARIANTS12_ROWS[-1]
+                   "+ intra-warpgroup overlap", "+ TMA store of O", "+ persistent blocks",
+                   "+ query tiles in pairs, head by head")
+VARIANTS12_LADDER = VARIANTS12_ROWS[2:]
+VARIANTS12_B = "+ intra-warpgroup overlap"
 VARIANTS12_SEQS = (1024, 4096, 16384)
 
 
@@ -444,7 +445,7 @@ def variants12_block(blocks, tag, d, causal, n):
 
 
 def variant12_step(block, slug):
-    """The time of the rung before `slug` on the ladder A .. B over the time of `slug`."""
+    """The time of the rung before `slug` on the ladder over the time of `slug`."""
     ladder = [variant_slug(v) for v in VARIANTS12_LADDER]
     i = ladder.index(slug)
     if i == 0:
@@ -452,8 +453,13 @@ def variant12_step(block, slug):
     return block[ladder[i - 1]]["ms"] / block[slug]["ms"]
 
 
-# The row that "stage 12 as built" timed again in the runs of VARIANTS12_FILES: they were made while
-# forward() ran version B (kIntraOverlap); it has run kPersistent since the fourth session of 2026-11-25.
+def variant12_span(block, first, last):
+    """The time of rung `first` over the time of rung `last` (names of VARIANTS12_LADDER)."""
+    return block[variant_slug(first)]["ms"] / block[variant_slug(last)]["ms"]
+
+
+# The row that "stage 12 as built" timed again in the runs of VARIANTS12_FILES: forward() ran query
+# tiles in pairs (kTilePairs) when they were made.
 VARIANTS12_AS_BUILT = VARIANTS12_LADDER[-1]
 
 
@@ -488,16 +494,16 @@ def stage12_variants_table(head_dim):
     lines.append(f"Forward TFLOP/s at head_dim {head_dim} on the FlashAttention grid (B·N = 16384, H·d = 2048), "
                  "each row one `stage12::Variant`, the rows of a shape timed in 3 interleaved rounds of 10 CUDA-event "
                  "timings after 3 warm-up calls, the median round reported (`bench/stage12_variants.cu`). "
-                 "\"stage 12 as built\" was then the registered configuration, the same kernel as \"+ "
-                 "intra-warpgroup overlap\"; \"+ persistent blocks\" is that kernel launched with one block per SM "
-                 "(with one Q buffer, before the fourth session's pieces: the table after the next). \"not run\": "
-                 f"no complete block in the committed runs. From {files} (commands: `bench/results/RUNS.md`).")
+                 "\"stage 12 as built\" is the registered configuration, the same kernel as the last row. "
+                 "\"not run\": no complete block in the committed runs. "
+                 f"From {files} (commands: `bench/results/RUNS.md`).")
     return "\n".join(lines)
 
 
 def stage12_steps_table(n=16384):
     """What each piece buys at N = n: the time of the rung before over the rung's own, every dtype,
-    head_dim and causal; then A to B, and the two rows of the registered kernel."""
+    head_dim and causal; then A to B, B to the registered kernel, and the two rows of the registered
+    kernel."""
     blocks = load_variants12()
     columns = [(tag, d, causal) for tag in ("bf16", "fp16") for d in (64, 128) for causal in (False, True)]
     head = [f"{tag} d={d}{' causal' if causal else ''}" for tag, d, causal in columns]
@@ -512,85 +518,46 @@ def stage12_steps_table(n=16384):
 
     for name in VARIANTS12_LADDER[1:]:
         row(name.replace("setmaxnreg", "`setmaxnreg`"), lambda b, s=variant_slug(name): f"{variant12_step(b, s):.2f}")
-    ladder = [variant_slug(v) for v in VARIANTS12_LADDER]
-    row("A to B, all four", lambda b: f"{b[ladder[0]]['ms'] / b[ladder[-1]]['ms']:.2f}")
-    row("B, then persistent blocks", lambda b: f"{b[ladder[-1]]['ms'] / b[variant_slug(VARIANTS12_PERSISTENT)]['ms']:.2f}")
-    row("version B timed twice: rows apart", lambda b: f"{variant12_same(b):.1f}%")
+    row("A to B, four pieces", lambda b: f"{variant12_span(b, VARIANTS12_LADDER[0], VARIANTS12_B):.2f}")
+    row("B to as built, three more", lambda b: f"{variant12_span(b, VARIANTS12_B, VARIANTS12_AS_BUILT):.2f}")
+    row("as built, timed twice: rows apart", lambda b: f"{variant12_same(b):.1f}%")
     lines.append("")
     lines.append(f"N = {n}; each step is the time of the row above over the row's own (above 1: the piece "
-                 "helps). The last row compares the two rows that time the same kernel (\"stage 12 as built\" "
-                 "and \"+ intra-warpgroup overlap\") in the same block: steps smaller than it are not resolved "
-                 "by this program. From the runs of the tables above.")
+                 "helps); version B is the ladder up to the intra-warpgroup overlap. The last row compares the "
+                 "two rows that time the same kernel (\"stage 12 as built\" and the last rung) in the same block: "
+                 "steps smaller than it are not resolved by this program. From the runs of the tables above.")
     return "\n".join(lines)
 
 
-def stage12_persistent_table():
-    """Version B against B with persistent blocks at every N, dtype, head_dim and causal setting, with
-    the spread of the block (the two rows of the registered kernel)."""
+# Version B and the three pieces after it, as the rows of VARIANTS12_LADDER name them.
+VARIANTS12_AFTER_B = VARIANTS12_LADDER[VARIANTS12_LADDER.index(VARIANTS12_B):]
+
+
+def stage12_after_b_table():
+    """Version B, then the TMA store of O, persistent blocks and query tiles in pairs: TFLOP/s and each
+    step's speed-up at every dtype, head_dim, causal setting and N, with the block's spread."""
     blocks = load_variants12()
-    b_slug, p_slug = variant_slug(VARIANTS12_LADDER[-1]), variant_slug(VARIANTS12_PERSISTENT)
-    lines = ["| dtype | head_dim | causal | " + " | ".join(f"N={n}" for n in VARIANTS12_SEQS) + " |",
-             "|---|---|---|" + "---|" * len(VARIANTS12_SEQS)]
+    slugs = [variant_slug(v) for v in VARIANTS12_AFTER_B]
+    lines = ["| dtype | head_dim | causal | N | version B | + TMA store of O | + persistent blocks | + pairs | "
+             "TMA store / B | persistent / TMA store | pairs / persistent | spread |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for tag in ("bf16", "fp16"):
-        for d in (64, 128):
+        for d in (128, 64):
             for causal in (False, True):
-                cells = []
                 for n in VARIANTS12_SEQS:
                     found = blocks.get((tag, d, causal, n))
                     if not found:
-                        cells.append("not run")
                         continue
-                    b, p = found[1][b_slug], found[1][p_slug]
-                    cells.append(f"{b['tflops']:.1f} → {p['tflops']:.1f} ({b['ms'] / p['ms']:.2f}x; spread "
-                                 f"{variant12_same(found[1]):.1f}%)")
-                lines.append(f"| {tag} | {d} | {'yes' if causal else 'no'} | " + " | ".join(cells) + " |")
+                    t = [found[1][slug] for slug in slugs]
+                    lines.append(f"| {tag} | {d} | {'yes' if causal else 'no'} | {n} | "
+                                 + " | ".join(f"{r['tflops']:.1f}" for r in t) + " | "
+                                 + " | ".join(f"{a['ms'] / b['ms']:.2f}x" for a, b in zip(t, t[1:]))
+                                 + f" | {variant12_same(found[1]):.1f}% |")
     lines.append("")
-    lines.append("Forward TFLOP/s of version B, then of version B with persistent blocks, from the variant runs "
-                 "above; in parentheses B's time over the persistent one's (above 1: persistent is faster) and the "
-                 "block's spread, how far apart its two rows of version B (then the registered kernel) are.")
-    return "\n".join(lines)
-
-
-# The two pieces of the fourth session of 2026-11-25 (RUNS.md, call 3), bf16 only: the device budget
-# ran out before the fp16 runs and the whole ladder again. Their rows are the ladder's, then
-# "+ TMA store of O" and "+ persistent blocks" (now with two Q buffers and the serpentine order);
-# "stage 12 as built" timed the TMA store kernel, which forward() ran in that call.
-VARIANTS12_NEW_FILES = ("h100_stage12_tma_persistent_bf16_d128.txt", "h100_stage12_tma_persistent_bf16_d64.txt")
-VARIANTS12_NEW_ROWS = ("+ intra-warpgroup overlap", "+ TMA store of O", "+ persistent blocks")
-
-
-def load_variants12_new():
-    """{(dtype, head_dim, causal, N): {slug: row}} of the fourth session's runs."""
-    blocks = {}
-    for name in VARIANTS12_NEW_FILES:
-        for key, row in load_variants12_file(name).items():
-            blocks.setdefault(key[:4], {})[key[4]] = row
-    return blocks
-
-
-def stage12_new_pieces_table():
-    """Version B, then the TMA store of O, then persistent blocks with two Q buffers: TFLOP/s and each
-    step's speed-up at every head_dim, causal setting and N, with the block's spread."""
-    blocks = load_variants12_new()
-    slugs = [variant_slug(v) for v in VARIANTS12_NEW_ROWS]
-    lines = ["| head_dim | causal | N | version B | + TMA store of O | + persistent blocks | TMA store / B | "
-             "persistent / TMA store | spread |", "|---|---|---|---|---|---|---|---|---|"]
-    for d in (128, 64):
-        for causal in (False, True):
-            for n in VARIANTS12_SEQS:
-                b = blocks[("bf16", d, causal, n)]
-                t = [b[slug] for slug in slugs]
-                lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | "
-                             + " | ".join(f"{r['tflops']:.1f}" for r in t)
-                             + f" | {t[0]['ms'] / t[1]['ms']:.2f}x | {t[1]['ms'] / t[2]['ms']:.2f}x | "
-                             f"{variant12_same(b, VARIANTS12_NEW_ROWS[1]):.1f}% |")
-    lines.append("")
-    lines.append("bf16 forward TFLOP/s on the FlashAttention grid, the rows of one shape timed in 3 interleaved "
-                 "rounds by `stage12-variants`; the ratios are the time of the row before over the row's own "
-                 "(above 1: the piece helps). \"spread\": how far apart the block's two timings of the TMA store "
-                 "kernel are (\"stage 12 as built\" was that kernel in this run): ratios closer to 1 than it are "
-                 "not resolved. From " + " and ".join(f"`bench/results/{f}`" for f in VARIANTS12_NEW_FILES)
-                 + " (commands: `bench/results/RUNS.md`).")
+    lines.append("Forward TFLOP/s on the FlashAttention grid, from the variant runs above; the ratios are the "
+                 "time of the row before over the row's own (above 1: the piece helps). \"spread\": how far "
+                 "apart the block's two timings of the registered kernel (query tiles in pairs) are: ratios "
+                 "closer to 1 than it are not resolved.")
     return "\n".join(lines)
 
 
@@ -677,6 +644,27 @@ def load_ncu12(head_dim):
             out["kernel"], out["grid"] = kernel, int(re.match(r"\((\d+),", grid)[1])
             out["metrics"].setdefault(metric, []).append(value)
     return out
+
+
+# Nsight Compute of the persistent kernel without and with query tiles in pairs (RUNS.md, 2026-11-25,
+# fifth session, call 5): bf16, head_dim 128, causal, N = 1024, the launches of stage12-variants' first
+# block that the kernel filter caught. alias -> (metric, divisor, decimals).
+NCU12_L2_FILES = {"persistent": "h100_ncu_stage12_persistent_l2.csv", "pairs": "h100_ncu_stage12_pairs_l2.csv"}
+NCU12_L2_METRICS = {"time-us": ("gpu__time_duration.sum", 1e3, 1), "dram-mb": ("dram__bytes_read.sum", 1e6, 0),
+                    "l2-hit-pct": ("lts__t_sector_hit_rate.pct", 1, 1),
+                    "tensor-pct": ("sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active", 1, 1)}
+
+
+def ncu12_l2_value(variant, what):
+    """The mean over the profiled launches of one metric of NCU12_L2_FILES[variant], or "launches"."""
+    rows = list(ncu_csv_rows(RESULTS / NCU12_L2_FILES[variant]))
+    if what == "launches":
+        return str(len({launch for launch, *_ in rows}))
+    metric, divisor, decimals = NCU12_L2_METRICS[what]
+    values = [v for _, _, _, m, v in rows if m == metric]
+    if not values or any(v is None for v in values):
+        raise KeyError(f"{metric} missing from {NCU12_L2_FILES[variant]}")
+    return f"{sum(values) / len(values) / divisor:,.{decimals}f}"
 
 
 def ncu12_value(head_dim, what):
@@ -820,17 +808,17 @@ def ptxas_stage12_entries():
     """Stage 12's kernels in ptxas_sm90.txt (compiled for sm_90a): (dtype, head_dim, causal, config) ->
     (registers, stack, spill stores, spill loads); config is HopperConfig's arguments joined by '-'
     (consumers, keys per tile, stages, then setmaxnreg, ping-pong, overlap, TMA store as 0/1, then Q
-    buffers), e.g. 2-128-2-0-0-0-0-1."""
+    buffers, then query tiles in pairs as 0/1), e.g. 2-128-2-0-0-0-0-1-0."""
     text = (RESULTS / "ptxas_sm90.txt").read_text()
     entry = re.compile(r"Function properties for _ZN7stage1213hopper_kernelI(6__half|13__nv_bfloat16)Li(\d+)ELb([01])E"
-                       r"NS_12HopperConfigILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])ELb([01])ELi(\d+)E\w*\n"
+                       r"NS_12HopperConfigILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])ELb([01])ELi(\d+)ELb([01])E\w*\n"
                        r"\s*(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\nptxas info\s*: "
                        r"Used (\d+) registers")
     out = {}
     for m in entry.finditer(text):
         dtype = "fp16" if m[1] == "6__half" else "bf16"
-        out[(dtype, int(m[2]), m[3] == "1", "-".join(m[i] for i in range(4, 12)))] = tuple(
-            int(m[i]) for i in (15, 12, 13, 14))
+        out[(dtype, int(m[2]), m[3] == "1", "-".join(m[i] for i in range(4, 13)))] = tuple(
+            int(m[i]) for i in (16, 13, 14, 15))
     if not out:
         raise KeyError("stage 12 in ptxas_sm90.txt")
     return out
@@ -1594,8 +1582,7 @@ def tables():
     # gets the table's name in MISSING, which --check reports with the file, as for the ablation.
     stage12 = {"stage12-variants-d64": lambda: stage12_variants_table(64),
                "stage12-variants-d128": lambda: stage12_variants_table(128),
-               "stage12-steps": stage12_steps_table, "stage12-persistent": stage12_persistent_table,
-               "stage12-new-pieces": stage12_new_pieces_table,
+               "stage12-steps": stage12_steps_table, "stage12-after-b": stage12_after_b_table,
                "ncu-stage12": ncu_stage12_table,
                "stage12-compare": stage12_compare_table}
     for name, make in stage12.items():
@@ -1718,8 +1705,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       runner/SS/COLUMN                  a cell of h100_runner.txt (time_ms, tflops, err_vs_prev, err_vs_ref)
       runner-max/AA-BB/COLUMN           the largest err_vs_ref (or other number column) of stages AA..BB
       ptxas12/dD/cC/CONFIG/WHAT         the same of stage 12's kernel with HopperConfig CONFIG (e.g.
-                                        2-128-2-0-0-0: two consumers, 128 keys, 2 stages, no setmaxnreg,
-                                        ping-pong or overlap), the largest over bf16 and fp16
+                                        2-128-2-0-0-0-0-1-0: two consumers, 128 keys, 2 stages, none of
+                                        the pieces after them, one Q buffer), the largest over bf16 and fp16
       ptxas12-spilling                  how many of stage 12's kernels spill: "K of M"
       ptxas/SS/KERNEL/dD/WHAT           registers, stack, spill-stores, spill-loads of a kernel (e.g.
                                         online_softmax_attention_kernel, dk_dv_kernel) in ptxas_sm90.txt;
@@ -1753,18 +1740,18 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         run that holds the whole block (VARIANTS12_FILES); SLUG as for variant,
                                         e.g. stage12asbuilt, a1consumerwarpgroupinorder, 2consumerwarpgroups,
                                         setmaxnregproducerwarpgroup, pingpong, intrawarpgroupoverlap,
-                                        persistentblocks
+                                        tmastoreofo, persistentblocks, querytilesinpairsheadbyhead
       variant12-step/TAG/dD/cC/N/SLUG   what the rung SLUG buys: the time of the rung before it (ladder A .. B)
                                         over its own
       variant12-total/TAG/dD/cC/N       version A's time over version B's
-      variant12-persistent/TAG/dD/cC/N  version B's time over B's with persistent blocks
+      variant12-after-b/TAG/dD/cC/N     version B's time over the registered kernel's (query tiles in pairs)
       variant12-same/TAG/dD/cC/N        how far apart, in % of the smaller time, the two rows that time
-                                        version B are ("stage 12 as built", "+ intra-warpgroup overlap": the
-                                        registered kernel when those runs were made, VARIANTS12_AS_BUILT)
+                                        the registered kernel are ("stage 12 as built" and the last rung,
+                                        VARIANTS12_AS_BUILT)
       variant12-same-max/all|dD         the largest of those over every complete block
-      variant12-new/dD/cC/N/tma|persistent  a step of the fourth session's bf16 runs (VARIANTS12_NEW_FILES):
-                                        version B's time over the TMA store's, or the TMA store's over the
-                                        persistent blocks'
+      ncu12-l2/persistent|pairs/WHAT    the persistent kernel's profile without or with query tiles in
+                                        pairs (NCU12_L2_FILES): time-us, dram-mb, l2-hit-pct, tensor-pct
+                                        (means over the launches), launches
       ncu12/dD/WHAT                     stage 12's profile (h100_ncu_stage12_dD.csv, _tensor.csv), the mean over
                                         the launches: time-ms, tensor-pct, gmma-pct, gmma-inst, sm-pct, mem-pct,
                                         dram-pct, warps-pct, registers (NCU12_METRICS); tflops (FlashAttention
@@ -2034,7 +2021,7 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         d, causal, n, slug, what = int(parts[1][1:]), parts[2] == "c1", int(parts[3]), parts[4], parts[5]
         row = load_variants()[(d, causal, n, slug)]
         return f"{row['tflops']:.1f}" if what == "tflops" else f"{row['ms']:.3f}"
-    if kind in ("variant12", "variant12-step", "variant12-total", "variant12-same", "variant12-persistent"):
+    if kind in ("variant12", "variant12-step", "variant12-total", "variant12-after-b", "variant12-same"):
         tag, d, causal, n = parts[1], int(parts[2][1:]), parts[3] == "c1", int(parts[4])
         block = variants12_block(load_variants12(), tag, d, causal, n)
         if kind == "variant12":
@@ -2042,17 +2029,11 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
             return f"{row['tflops']:.1f}" if parts[6] == "tflops" else f"{row['ms']:.3f}"
         if kind == "variant12-step":
             return f"{variant12_step(block, parts[5]):.2f}"
-        ladder = [variant_slug(v) for v in VARIANTS12_LADDER]
         if kind == "variant12-total":
-            return f"{block[ladder[0]]['ms'] / block[ladder[-1]]['ms']:.2f}"
-        if kind == "variant12-persistent":
-            return f"{block[ladder[-1]]['ms'] / block[variant_slug(VARIANTS12_PERSISTENT)]['ms']:.2f}"
+            return f"{variant12_span(block, VARIANTS12_LADDER[0], VARIANTS12_B):.2f}"
+        if kind == "variant12-after-b":
+            return f"{variant12_span(block, VARIANTS12_B, VARIANTS12_AS_BUILT):.2f}"
         return f"{variant12_same(block):.1f}"
-    if kind == "variant12-new":  # variant12-new/dD/cC/N/tma|persistent: a step of stage12_new_pieces_table
-        d, causal, n = int(parts[1][1:]), parts[2] == "c1", int(parts[3])
-        rows = [load_variants12_new()[("bf16", d, causal, n)][variant_slug(v)] for v in VARIANTS12_NEW_ROWS]
-        i = {"tma": 1, "persistent": 2}[parts[4]]
-        return f"{rows[i - 1]['ms'] / rows[i]['ms']:.2f}"
     if kind == "variant12-same-max":  # .../all or .../dD
         spread = [variant12_same(b) for key, (_, b) in load_variants12().items()
                   if parts[1] == "all" or key[1] == int(parts[1][1:])]
@@ -2061,6 +2042,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         return f"{max(spread):.1f}"
     if kind == "ncu12":  # ncu12/dD/WHAT
         return ncu12_value(int(parts[1][1:]), parts[2])
+    if kind == "ncu12-l2":  # ncu12-l2/persistent|pairs/WHAT
+        return ncu12_l2_value(parts[1], parts[2])
     if kind == "sanitizer":  # sanitizer/STEM/SUBJECT
         return sanitizer_clean(parts[1], parts[2])
     if kind == "ctest":  # ctest/passed|total|skipped|TESTNAME
