@@ -33,7 +33,7 @@ enum class Variant : int {
   kIntraOverlap,   // version B: and each overlaps its softmax with its previous P V product
   kTmaStore,       // version B writing O through shared memory with a TMA store
   kPersistent,     // one block per SM taking work tiles in turn, with two Q buffers
-  kTilePairs,      // the last, a persistent block takes query tiles in pairs of one head, head by head
+  kTilePairs,      // the last: causal, with more heads than half the SMs, query tiles in pairs, head by head
 };
 // How many Variant values there are, kRegistered included.
 constexpr int kVariantCount = 9;
