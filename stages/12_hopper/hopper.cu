@@ -146,6 +146,8 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   // their next query tile comes passes later, after their K and V have left the L2. Pairs of query
   // tiles (kTilePairs) keep a head's tiles together; a pair is twice the work of a tile, though, so
   // the last pass leaves more SMs idle, which costs where the heads are few and the sequences long.
+  // "Half the SMs" is not derived: it separates the cells where pairs were measured to gain from
+  // those where they lost (lesson 12, "Query tiles in pairs, head by head").
   const int tiles_per_unit = Config::kTilePairs && persistent && causal && 2 * num_heads_total > num_sms ? 2 : 1;
   long long blocks = kernel_detail::num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
   // One block per SM is all that fits: the registers of 384 threads at 168 each (setmaxnreg).
