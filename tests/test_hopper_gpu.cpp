@@ -66,6 +66,7 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kTmaStore: return variant_forward<stage12::Variant::kTmaStore>;
     case stage12::Variant::kPersistent: return variant_forward<stage12::Variant::kPersistent>;
     case stage12::Variant::kTilePairs: return variant_forward<stage12::Variant::kTilePairs>;
+    case stage12::Variant::kBackToBack: return variant_forward<stage12::Variant::kBackToBack>;
   }
   return nullptr;
 }
@@ -93,13 +94,15 @@ std::vector<VariantCase> variant_cases() {
   // Persistent blocks: more work tiles than an H100 has SMs, so that blocks take several in turn
   // (the ring and Q carried over, odd and even tile counts), and causal work tiles that see no key
   // (seq_q > seq_kv) between tiles that do. In pairs (kTilePairs), 3 query tiles a head leave the
-  // middle one without a partner.
+  // middle one without a partner. Back to back (kBackToBack), the turns and O's store carry over
+  // those tiles too.
   const int many_tiles[][5] = {
       {4, 40, 8, 300, 257},  // 480 work tiles of 3 K/V tiles or fewer (causal)
       {3, 48, 48, 129, 63},  // 288 work tiles; causal: the first 66 rows of each head see no key
       {4, 40, 8, 400, 100},  // causal: query tiles 0 and 1 of each head see no key, each second in its pair
   };
-  for (stage12::Variant variant : {stage12::Variant::kPersistent, stage12::Variant::kTilePairs})
+  for (stage12::Variant variant :
+       {stage12::Variant::kPersistent, stage12::Variant::kTilePairs, stage12::Variant::kBackToBack})
     for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
       for (int head_dim : {64, 128})
         for (const auto& s : many_tiles)

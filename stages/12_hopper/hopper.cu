@@ -108,11 +108,15 @@ flash::Status make_tensor_map(CUtensorMap* map, const void* base, flash::DType d
 // Launch
 // ---------------------------------------------------------------------------------------------
 
-// persistent: one block per SM, each taking work units in turn, instead of one block per work unit.
+// How a grid's work tiles reach its blocks: a block per work tile; one block per SM, each taking work
+// tiles in turn; or, persistent and causal, in pairs of query tiles, head by head (below).
+enum class Schedule { kBlockPerTile, kPersistent, kPersistentPairs };
+
 template <typename Element, int kHeadDim, class Config>
 flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
                             int heads_kv, int seq_q, int seq_kv, float scale, bool causal, flash::DType dtype,
-                            bool persistent, cudaStream_t stream) {
+                            Schedule schedule, cudaStream_t stream) {
+  const bool persistent = schedule != Schedule::kBlockPerTile;
   const auto kernel = causal ? hopper_kernel<Element, kHeadDim, true, Config>
                              : hopper_kernel<Element, kHeadDim, false, Config>;
   constexpr size_t kSharedBytes = kernel_detail::SharedLayout<kHeadDim, Config>::kDynamicBytes;
@@ -144,11 +148,12 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   // Causal work tiles one at a time, longest first, spread each pass of a persistent grid over
   // min(heads, SMs) heads. With more heads than half the SMs, most heads have one block in a pass and
   // their next query tile comes passes later, after their K and V have left the L2. Pairs of query
-  // tiles (kTilePairs) keep a head's tiles together; a pair is twice the work of a tile, though, so
+  // tiles (kPersistentPairs) keep a head's tiles together; a pair is twice the work of a tile, though, so
   // the last pass leaves more SMs idle, which costs where the heads are few and the sequences long.
   // "Half the SMs" is not derived: it separates the cells where pairs were measured to gain from
   // those where they lost (lesson 12, "Query tiles in pairs, head by head").
-  const int tiles_per_unit = Config::kTilePairs && persistent && causal && 2 * num_heads_total > num_sms ? 2 : 1;
+  const int tiles_per_unit =
+      schedule == Schedule::kPersistentPairs && causal && 2 * num_heads_total > num_sms ? 2 : 1;
   long long blocks = kernel_detail::num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
   // One block per SM is all that fits: the registers of 384 threads at 168 each (setmaxnreg).
   if (persistent) blocks = std::min<long long>(blocks, num_sms);
@@ -160,32 +165,32 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
 
 // The configurations the lesson measures, each adding one piece to the one before
 // (HopperConfig<consumers, keys per tile, stages, register split, ping-pong, intra overlap, TMA store,
-// Q buffers, query tiles in pairs>).
+// Q buffers, back to back>); the persistent ones also differ in their Schedule (forward_variant).
 using VariantA = HopperConfig<1, 128, 2>;
 using VariantTwoConsumers = HopperConfig<2, 128, 2>;
 using VariantRegisterSplit = HopperConfig<2, 128, 2, true>;
 using VariantPingPong = HopperConfig<2, 128, 2, true, true>;
 using VariantIntraOverlap = HopperConfig<2, 128, 2, true, true, true>;
 using VariantTmaStore = HopperConfig<2, 128, 2, true, true, true, true>;
-using VariantPersistent = HopperConfig<2, 128, 2, true, true, true, true, 2>;  // launched persistent
-using VariantTilePairs = HopperConfig<2, 128, 2, true, true, true, true, 2, true>;  // launched persistent
+using VariantPersistent = HopperConfig<2, 128, 2, true, true, true, true, 2>;  // and query tiles in pairs
+using VariantBackToBack = HopperConfig<2, 128, 2, true, true, true, true, 2, true>;
 
 template <class Config>
 flash::Status launch_config(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
                             int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal,
-                            flash::DType dtype, cudaStream_t stream, bool persistent = false) {
+                            flash::DType dtype, cudaStream_t stream, Schedule schedule = Schedule::kBlockPerTile) {
   if (dtype == flash::DType::kFp16) {
     if (head_dim == 64)
       return launch_hopper<__half, 64, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
-                                               dtype, persistent, stream);
+                                               dtype, schedule, stream);
     return launch_hopper<__half, 128, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
-                                              dtype, persistent, stream);
+                                              dtype, schedule, stream);
   }
   if (head_dim == 64)
     return launch_hopper<__nv_bfloat16, 64, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
-                                                     causal, dtype, persistent, stream);
+                                                     causal, dtype, schedule, stream);
   return launch_hopper<__nv_bfloat16, 128, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
-                                                   causal, dtype, persistent, stream);
+                                                   causal, dtype, schedule, stream);
 }
 
 #endif  // FLASH_STAGE12_SM90A
@@ -222,6 +227,7 @@ const char* variant_name(Variant variant) {
     case Variant::kTmaStore: return "+ TMA store of O";
     case Variant::kPersistent: return "+ persistent blocks";
     case Variant::kTilePairs: return "+ query tiles in pairs, head by head";
+    case Variant::kBackToBack: return "+ work tiles back to back";
   }
   return "unknown variant";
 }
@@ -255,10 +261,13 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
                                                 scale, causal, dtype, stream);
     case Variant::kPersistent:
       return launch_config<VariantPersistent>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
-                                              scale, causal, dtype, stream, true);
+                                              scale, causal, dtype, stream, Schedule::kPersistent);
     case Variant::kTilePairs:
-      return launch_config<VariantTilePairs>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
-                                             scale, causal, dtype, stream, true);
+      return launch_config<VariantPersistent>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                              scale, causal, dtype, stream, Schedule::kPersistentPairs);
+    case Variant::kBackToBack:
+      return launch_config<VariantBackToBack>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                              scale, causal, dtype, stream, Schedule::kPersistentPairs);
     case Variant::kTmaStore:
     default:  // every other value is named above; kRegistered became kRegisteredVariant
       return launch_config<VariantTmaStore>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,

@@ -33,12 +33,13 @@ enum class Variant : int {
   kIntraOverlap,   // version B: and each overlaps its softmax with its previous P V product
   kTmaStore,       // version B writing O through shared memory with a TMA store
   kPersistent,     // one block per SM taking work tiles in turn, with two Q buffers
-  kTilePairs,      // the last: causal, with more heads than half the SMs, query tiles in pairs, head by head
+  kTilePairs,      // causal, with more heads than half the SMs, query tiles in pairs, head by head
+  kBackToBack,     // the last: the consumers' turns and O's store carry over from one work tile to the next
 };
 // How many Variant values there are, kRegistered included.
-constexpr int kVariantCount = 9;
+constexpr int kVariantCount = 10;
 // The configuration forward() runs: every piece switched on.
-constexpr Variant kRegisteredVariant = Variant::kTilePairs;
+constexpr Variant kRegisteredVariant = Variant::kBackToBack;
 
 // "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
 const char* variant_name(Variant variant);

@@ -31,9 +31,14 @@
 //   to the next and Q alternates between its buffers, so the producer loads the next tile's Q and
 //   first K/V tiles while the consumers still work on this one; each buffer's "Q empty" barrier
 //   tells it when the buffer may be overwritten.
-// - Query tiles in pairs, head by head (kTilePairs): a persistent causal block takes query tiles i
-//   and num_q_tiles - 1 - i of one head in turn, so blocks get equal work without taking the longest
-//   tile of every head first, and the blocks in flight share the K and V of a few heads in L2.
+// - Query tiles in pairs, head by head (a launch choice, tiles_per_unit): a persistent causal block
+//   takes query tiles i and num_q_tiles - 1 - i of one head in turn, so blocks get equal work without
+//   taking the longest tile of every head first, and the blocks in flight share the K and V of a few
+//   heads in L2.
+// - Work tiles back to back (kBackToBack): a persistent block's two consumers go on to their next
+//   work tile without meeting in between. The ping-pong turns carry over from one work tile to the
+//   next, and the thread that stored O waits for the copy engine to read it during the next work tile,
+//   not before it.
 // - The softmax itself is stage 10's: base 2, the scale inside the exp2's FFMA, a negative scale
 //   folded into Q in shared memory (which, between two async-proxy accesses, needs a proxy fence).
 //   It reads the scores and writes the probabilities straight into P's registers. Whether a tile is
@@ -60,10 +65,11 @@ namespace stage12 {
 //   kTmaStore: O leaves through shared memory and a TMA store (store_output_tma).
 //   kQStages: Q buffers; two let a persistent block load the next work tile's Q while the consumers
 //     still work on this one's.
-//   kTilePairs: a persistent causal grid may take query tiles in pairs of one head, the i-th from the
-//     end and the i-th from the start (num_work_units; hopper.cu decides per launch).
+//   kBackToBack: the consumers' turns and O's store carry over from one work tile to the next (a
+//     persistent grid's; needs the ping-pong, the intra-warpgroup overlap, the TMA store and two Q
+//     buffers).
 template <int kConsumers_, int kBlockCols_, int kStages_, bool kRegisterSplit_ = false, bool kPingPong_ = false,
-          bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1, bool kTilePairs_ = false>
+          bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1, bool kBackToBack_ = false>
 struct HopperConfig {
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockRows = 64 * kConsumers;
@@ -74,7 +80,7 @@ struct HopperConfig {
   static constexpr bool kIntraOverlap = kIntraOverlap_;
   static constexpr bool kTmaStore = kTmaStore_;
   static constexpr int kQStages = kQStages_;
-  static constexpr bool kTilePairs = kTilePairs_;
+  static constexpr bool kBackToBack = kBackToBack_;
   // The consumers come first (warpgroups 0 .. kConsumers - 1, each starting at a warp index
   // divisible by 4, as wgmma requires), the producer after them.
   static constexpr int kProducerThreads = kRegisterSplit ? 128 : 32;
@@ -84,6 +90,8 @@ struct HopperConfig {
   static_assert(kStages >= 1, "at least one K/V buffer");
   static_assert(kQStages == 1 || kQStages == 2, "one or two Q buffers");
   static_assert(!kPingPong || kConsumers == 2, "ping-pong needs two consumer warpgroups");
+  static_assert(!kBackToBack || (kPingPong && kIntraOverlap && kTmaStore && kQStages == 2),
+                "back to back carries over the ping-pong's turns and the TMA store, into the other Q buffer");
 };
 
 namespace kernel_detail {
@@ -510,12 +518,15 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
 //     barrier kTurnBarrier + c before it issues, and arrives on the other's barrier after: while
 //     one runs its softmax, the other's products run. Consumer 1 arrives once before its first
 //     turn, so that consumer 0 goes first; consumer 0 takes one last turn at the end, which absorbs
-//     consumer 1's last arrival, so both barriers end as they started.
+//     consumer 1's last arrival, so both barriers end as they started. With kBackToBack the kernel
+//     does both, once for all its work tiles: the turns run on from one work tile to the next.
 // Tile 0 is taken apart before the loop (no product before it), so that no branch sits between a
-// wgmma and its wait inside the loop.
-template <typename Element, int kHeadDim, bool kCausal, class Config>
+// wgmma and its wait inside the loop. after_first_tile() runs once tile 0's softmax is done.
+template <typename Element, int kHeadDim, bool kCausal, class Config, class AfterFirstTile>
 __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, const ConsumerWork& w,
-                                   float (&o)[kHeadDim / 2], float (&row_max2)[2], float (&row_sum)[2]) {
+                                   float (&o)[kHeadDim / 2], float (&row_max2)[2], float (&row_sum)[2],
+                                   AfterFirstTile after_first_tile) {
+  constexpr bool kTurnsPerWorkTile = Config::kPingPong && !Config::kBackToBack;
   constexpr int kBlockCols = Config::kBlockCols;
   constexpr int kStages = Config::kStages;
   using Operand = uint32_t[kBlockCols / 16][4];
@@ -538,7 +549,7 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   auto parity = [&](int j) { return ring_parity<kStages>(w.ring + j); };
   mbarrier_wait(sm.q_full(w.q_round), sm.q_parity(w.q_round));
   if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.q_round, w.consumer, thread);
-  if (Config::kPingPong && w.consumer == 1) pass_turn(1);  // consumer 0 goes first
+  if (kTurnsPerWorkTile && w.consumer == 1) pass_turn(1);  // consumer 0 goes first
 
   // Tile 0: its scores, then its softmax into p_even; there is no product before it to overlap.
   {
@@ -557,6 +568,7 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     else
       softmax(Unmasked{}, 0, p_even, rescale);
   }
+  after_first_tile();
 
   // Tile j: S_j and P_{j-1} V_{j-1} on the tensor cores, then the softmax of S_j into p_out; masked
   // is Masked or Unmasked, fixed for the whole loop that calls step, so that no branch sits between
@@ -626,7 +638,7 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   wgmma_wait_group<0>();
   fence_registers(o);
   release(sm.v_empty(st), lane);
-  if (Config::kPingPong && w.consumer == 0) wait_for_turn(0);  // consumer 1's last pass
+  if (kTurnsPerWorkTile && w.consumer == 0) wait_for_turn(0);  // consumer 1's last pass
   // Q may be overwritten: every product that reads it has finished, and (ping-pong) consumer 0 has
   // taken consumer 1's last pass, so the turns start the next work tile as they started this one.
   // With kTmaStore the buffer holds O first: store_output_tma releases it.
@@ -670,7 +682,9 @@ __device__ inline void store_output(Element* o_head, float* lse_head, const floa
 // engine skips the rows past seq_q (outside the tensor map) and writes whole 128-byte lines, where
 // the per-thread stores of store_output write 16 bytes of each of 8 rows per instruction. The same
 // thread releases Q's buffer once the engine has read it (bulk_wait_read), which a block must also
-// wait for before it exits. lse is written as in store_output.
+// wait for before it exits. lse is written as in store_output. With kBackToBack the thread does
+// not wait here: the copy engine reads while the warpgroup starts its next work tile, and the
+// kernel waits and releases the buffer during that work tile (the consumer loop's release_stored_q).
 template <typename Element, int kHeadDim, class Config>
 __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& sm, const CUtensorMap* o_map,
                                         int q_round, int consumer, int first_row, int bh, float* lse_head,
@@ -703,8 +717,10 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
     for (int p = 0; p < L::kPanels; ++p)
       hopper::tma_store_3d(o_map, sm.q(q_round, consumer, p), p * kPanelCols, first_row, bh);
     hopper::bulk_commit();
-    hopper::bulk_wait_read<0>();
-    mbarrier_arrive(sm.q_empty(q_round));
+    if constexpr (!Config::kBackToBack) {
+      hopper::bulk_wait_read<0>();
+      mbarrier_arrive(sm.q_empty(q_round));
+    }
   }
 }
 
@@ -830,6 +846,21 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
   } else {
     if constexpr (Config::kRegisterSplit) hopper::setmaxnreg_inc<kConsumerRegisters>();
+    // kBackToBack: consumer 0 takes the first turn of the kernel, and the last (consume_overlapped).
+    if (Config::kBackToBack && warpgroup == 1) pass_turn(1);
+    // kBackToBack: the Q round whose O the copy engine may still be reading, -1 if none. Its buffer
+    // is next loaded two Q rounds later, when the producer is kStages K/V tiles from the end of the
+    // next work tile; releasing it after the next work tile's first tile leaves the producer free.
+    int stored_round = -1;
+    auto release_stored_q = [&] {
+      if constexpr (Config::kBackToBack) {
+        if (stored_round >= 0 && threadIdx.x % kWarpgroupThreads == 0) {
+          hopper::bulk_wait_read<0>();  // by now, long done
+          mbarrier_arrive(sm.q_empty(stored_round));
+        }
+        stored_round = -1;
+      }
+    };
     int ring = 0, q_round = 0;
     for (int step = 0; step < num_steps; ++step) {
       WorkTile t;
@@ -850,7 +881,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       float row_sum[2] = {0.0f, 0.0f};
       if (t.num_tiles > 0) {
         if constexpr (Config::kPingPong || Config::kIntraOverlap)
-          consume_overlapped<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum);
+          consume_overlapped<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum, release_stored_q);
         else
           consume_in_order<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum);
         ring += t.num_tiles;
@@ -863,6 +894,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         store_output_tma<Element, kHeadDim, Config>(sm, &o_map, w.q_round, warpgroup, w.first_row,
                                                     static_cast<int>(t.bh), lse_head, acc_o, row_max2, row_sum,
                                                     seq_q);
+        if constexpr (Config::kBackToBack) stored_round = w.q_round;
       } else {
         const int lane = threadIdx.x % 32;
         const int row0 = w.first_row + 16 * ((threadIdx.x % kWarpgroupThreads) / 32) + lane / 4;
@@ -870,6 +902,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                                         lane % 4);
       }
     }
+    // kBackToBack: the last store read before the block's shared memory goes, and consumer 1's last
+    // pass taken, so that both turn barriers end as they started.
+    release_stored_q();
+    if (Config::kBackToBack && warpgroup == 0) wait_for_turn(0);
   }
 #else
   // Compiled for another target: never launched (stage12::check_gpu refuses first).
