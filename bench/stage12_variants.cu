@@ -25,9 +25,11 @@ constexpr int kExitUsage = 3;  // an option it does not know (the runner's code 
 constexpr uint64_t kSeed = 2024;
 constexpr int kTokens = 16384;
 constexpr int kHeadsTimesDim = 2048;
-constexpr int kWarmup = 3;
-constexpr int kRuns = 10;   // timed runs per round
-constexpr int kRounds = 3;  // interleaved rounds (harness::time_cuda_interleaved); the median round is reported
+constexpr int kWarmup = 2;
+constexpr int kRuns = 4;  // timed runs per round
+// Interleaved rounds (harness::time_cuda_interleaved), the median round reported: one per launch
+// timed (stage 10 and every variant), so that each launch is timed once in every position of a round.
+constexpr int kRounds = stage12::kVariantCount + 1;
 
 }  // namespace
 

@@ -268,7 +268,8 @@ std::vector<Timing> time_cuda_interleaved(const std::vector<std::function<void()
   std::vector<std::vector<double>> round_medians(launches.size());
   std::vector<Timing> out(launches.size());
   for (int round = 0; round < rounds; ++round)
-    for (size_t i = 0; i < launches.size(); ++i) {
+    for (size_t k = 0; k < launches.size(); ++k) {
+      const size_t i = (round + k) % launches.size();
       const Timing t = time_cuda(launches[i], warmup, runs_per_round, stream);
       round_medians[i].push_back(t.median_ms);
       out[i].min_ms = round == 0 ? t.min_ms : std::min(out[i].min_ms, t.min_ms);

@@ -233,10 +233,14 @@ struct Timing {
 Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cudaStream_t stream = nullptr,
                  const std::function<void()>& before_each = {});
 // Times several launches that are to be compared, in `rounds` interleaved rounds: each round times
-// every launch in turn with time_cuda(launch, warmup, runs_per_round). A launch's median_ms is the
-// median of its rounds' medians, its min_ms the fastest run of all. A GPU's clock drifts over a long
-// run (power and temperature); timing the launches one after the other would hand that drift to
-// whichever came last, while interleaving spreads it over all of them.
+// every launch in turn with time_cuda(launch, warmup, runs_per_round), round r starting with launch
+// r % launches.size(). A launch's median_ms is the median of its rounds' medians, its min_ms the
+// fastest run of all. A GPU's clock drifts over a long run (power and temperature); timing the
+// launches one after the other would hand that drift to whichever came last, while interleaving
+// spreads it over all of them. The clock also follows the launch just before: a kernel timed after
+// a lighter one starts cooler, and was measured up to 6% faster than itself timed after a heavier one
+// (lesson 12). Rotating the first launch moves every launch through the round's positions; with
+// rounds a multiple of launches.size(), each takes every position equally often.
 std::vector<Timing> time_cuda_interleaved(const std::vector<std::function<void()>>& launches, int warmup,
                                           int runs_per_round, int rounds, cudaStream_t stream = nullptr);
 
