@@ -27,8 +27,9 @@ constexpr int kTokens = 16384;
 constexpr int kHeadsTimesDim = 2048;
 constexpr int kWarmup = 2;
 constexpr int kRuns = 4;  // timed runs per round
-// Interleaved rounds (harness::time_cuda_interleaved), the median round reported: one per launch
-// timed (stage 10 and every variant), so that each launch is timed once in every position of a round.
+// Interleaved rounds (harness::time_cuda_interleaved), each in its own order, the median round
+// reported: as many as there are launches (stage 10 and every variant), so that each launch follows
+// many others.
 constexpr int kRounds = stage12::kVariantCount + 1;
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <sstream>
 
@@ -263,18 +264,28 @@ Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cuda
   return t;
 }
 
+namespace {
+// The seed of time_cuda_interleaved's orders: any fixed value does, so that a program's rounds come in
+// the same orders in every run.
+constexpr unsigned kInterleaveSeed = 2024;
+}  // namespace
+
 std::vector<Timing> time_cuda_interleaved(const std::vector<std::function<void()>>& launches, int warmup,
                                           int runs_per_round, int rounds, cudaStream_t stream) {
   std::vector<std::vector<double>> round_medians(launches.size());
   std::vector<Timing> out(launches.size());
-  for (int round = 0; round < rounds; ++round)
-    for (size_t k = 0; k < launches.size(); ++k) {
-      const size_t i = (round + k) % launches.size();
+  std::vector<size_t> order(launches.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::mt19937 rng(kInterleaveSeed);
+  for (int round = 0; round < rounds; ++round) {
+    std::shuffle(order.begin(), order.end(), rng);
+    for (size_t i : order) {
       const Timing t = time_cuda(launches[i], warmup, runs_per_round, stream);
       round_medians[i].push_back(t.median_ms);
       out[i].min_ms = round == 0 ? t.min_ms : std::min(out[i].min_ms, t.min_ms);
       out[i].runs += t.runs;
     }
+  }
   for (size_t i = 0; i < launches.size(); ++i) {
     std::vector<double>& m = round_medians[i];
     std::sort(m.begin(), m.end());

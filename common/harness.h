@@ -233,14 +233,14 @@ struct Timing {
 Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cudaStream_t stream = nullptr,
                  const std::function<void()>& before_each = {});
 // Times several launches that are to be compared, in `rounds` interleaved rounds: each round times
-// every launch in turn with time_cuda(launch, warmup, runs_per_round), round r starting with launch
-// r % launches.size(). A launch's median_ms is the median of its rounds' medians, its min_ms the
-// fastest run of all. A GPU's clock drifts over a long run (power and temperature); timing the
-// launches one after the other would hand that drift to whichever came last, while interleaving
-// spreads it over all of them. The clock also follows the launch just before: a kernel timed after
-// a lighter one starts cooler, and was measured up to 6% faster than itself timed after a heavier one
-// (lesson 12). Rotating the first launch moves every launch through the round's positions; with
-// rounds a multiple of launches.size(), each takes every position equally often.
+// every launch once with time_cuda(launch, warmup, runs_per_round), in an order of its own (a seeded
+// shuffle, the same in every run of the program). A launch's median_ms is the median of its rounds'
+// medians, its min_ms the fastest run of all. A GPU's clock drifts over a long run (power and
+// temperature); timing the launches one after the other would hand that drift to whichever came
+// last, while interleaving spreads it over all of them. The clock also follows the launch just
+// before: stage 12's kernel, timed right after stage 10's lighter one in every round, measured up to
+// 12% faster than the same kernel timed after another of stage 12's (lesson 12); a fixed order, even
+// rotated, keeps each launch behind the same neighbour, and the shuffle does not.
 std::vector<Timing> time_cuda_interleaved(const std::vector<std::function<void()>>& launches, int warmup,
                                           int runs_per_round, int rounds, cudaStream_t stream = nullptr);
 
