@@ -239,7 +239,7 @@ Timing time_cuda(const std::function<void()>& launch, int warmup, int runs, cuda
 // temperature); timing the launches one after the other would hand that drift to whichever came
 // last, while interleaving spreads it over all of them. The clock also follows the launch just
 // before: stage 12's kernel, timed right after stage 10's lighter one in every round, measured up to
-// 12% faster than the same kernel timed after another of stage 12's (lesson 12); a fixed order, even
+// 12.5% faster than the same kernel timed after another of stage 12's (lesson 12); a fixed order, even
 // rotated, keeps each launch behind the same neighbour, and the shuffle does not.
 std::vector<Timing> time_cuda_interleaved(const std::vector<std::function<void()>>& launches, int warmup,
                                           int runs_per_round, int rounds, cudaStream_t stream = nullptr);

@@ -391,19 +391,19 @@ def variants_table():
 # (Nsight Compute of hopper_kernel), its sanitizer log and the full ctest log
 # ---------------------------------------------------------------------------------------------
 
-# The stage12-variants runs of the H100 (bench/results/RUNS.md, 2026-11-25, fifth session): one per
-# dtype and head_dim, of the ladder from version A to query tiles in pairs, each block's rows timed in
-# interleaved rounds. A block (dtype, head_dim, causal, N) is read from the last file here that holds
+# The stage12-variants runs of the H100 (bench/results/RUNS.md, 2026-11-25, sixth session, call 4):
+# one per dtype and head_dim, of the ladder from version A to work tiles back to back, each block's rows
+# timed in interleaved rounds, each round in its own order. A block (dtype, head_dim, causal, N) is read from the last file here that holds
 # all of its rows. (h100_stage12_variants_cut.txt, an earlier version's first run, has none.)
 VARIANTS12_FILES = ("h100_stage12_variants_bf16_d128.txt", "h100_stage12_variants_fp16_d128.txt",
                     "h100_stage12_variants_bf16_d64.txt", "h100_stage12_variants_fp16_d64.txt")
 VARIANTS12_LINE = re.compile(r"(bf16|fp16) d(\d+)\s+causal=(\d) N=(\d+)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) TFLOP/s")
 # The rows of one block, in the order the program times them; the ladder runs from version A through
-# version B (the intra-warpgroup overlap) to the registered kernel, query tiles in pairs.
+# version B (the intra-warpgroup overlap) to the registered kernel, work tiles back to back.
 VARIANTS12_ROWS = ("stage 10 as built", "stage 12 as built", "A: 1 consumer warpgroup, in order",
                    "+ 2 consumer warpgroups", "+ setmaxnreg (producer warpgroup)", "+ ping-pong",
                    "+ intra-warpgroup overlap", "+ TMA store of O", "+ persistent blocks",
-                   "+ query tiles in pairs, head by head")
+                   "+ query tiles in pairs, head by head", "+ work tiles back to back")
 VARIANTS12_LADDER = VARIANTS12_ROWS[2:]
 VARIANTS12_B = "+ intra-warpgroup overlap"
 VARIANTS12_SEQS = (1024, 4096, 16384)
@@ -458,8 +458,8 @@ def variant12_span(block, first, last):
     return block[variant_slug(first)]["ms"] / block[variant_slug(last)]["ms"]
 
 
-# The row that "stage 12 as built" timed again in the runs of VARIANTS12_FILES: forward() ran query
-# tiles in pairs (kTilePairs) when they were made.
+# The row that "stage 12 as built" timed again in the runs of VARIANTS12_FILES: forward() ran work
+# tiles back to back (kBackToBack) when they were made.
 VARIANTS12_AS_BUILT = VARIANTS12_LADDER[-1]
 
 
@@ -492,8 +492,9 @@ def stage12_variants_table(head_dim):
     files = " and ".join(f"`bench/results/{s}`" for s in sorted(sources)) or "no file"
     lines.append("")
     lines.append(f"Forward TFLOP/s at head_dim {head_dim} on the FlashAttention grid (B·N = 16384, H·d = 2048), "
-                 "each row one `stage12::Variant`, the rows of a shape timed in 3 interleaved rounds of 10 CUDA-event "
-                 "timings after 3 warm-up calls, the median round reported (`bench/stage12_variants.cu`). "
+                 "each row one `stage12::Variant`, the rows of a shape timed in 11 interleaved rounds, each in its own "
+                 "order, of 4 CUDA-event timings after 2 warm-up calls, the median round reported "
+                 "(`bench/stage12_variants.cu`). "
                  "\"stage 12 as built\" is the registered configuration, the same kernel as the last row. "
                  "\"not run\": no complete block in the committed runs. "
                  f"From {files} (commands: `bench/results/RUNS.md`).")
@@ -519,7 +520,7 @@ def stage12_steps_table(n=16384):
     for name in VARIANTS12_LADDER[1:]:
         row(name.replace("setmaxnreg", "`setmaxnreg`"), lambda b, s=variant_slug(name): f"{variant12_step(b, s):.2f}")
     row("A to B, four pieces", lambda b: f"{variant12_span(b, VARIANTS12_LADDER[0], VARIANTS12_B):.2f}")
-    row("B to as built, three more", lambda b: f"{variant12_span(b, VARIANTS12_B, VARIANTS12_AS_BUILT):.2f}")
+    row("B to as built, four more", lambda b: f"{variant12_span(b, VARIANTS12_B, VARIANTS12_AS_BUILT):.2f}")
     row("as built, timed twice: rows apart", lambda b: f"{variant12_same(b):.1f}%")
     lines.append("")
     lines.append(f"N = {n}; each step is the time of the row above over the row's own (above 1: the piece "
@@ -529,18 +530,20 @@ def stage12_steps_table(n=16384):
     return "\n".join(lines)
 
 
-# Version B and the three pieces after it, as the rows of VARIANTS12_LADDER name them.
+# Version B and the four pieces after it, as the rows of VARIANTS12_LADDER name them.
 VARIANTS12_AFTER_B = VARIANTS12_LADDER[VARIANTS12_LADDER.index(VARIANTS12_B):]
 
 
 def stage12_after_b_table():
-    """Version B, then the TMA store of O, persistent blocks and query tiles in pairs: TFLOP/s and each
-    step's speed-up at every dtype, head_dim, causal setting and N, with the block's spread."""
+    """Version B, then the TMA store of O, persistent blocks, query tiles in pairs and work tiles back to
+    back: TFLOP/s and each step's speed-up at every dtype, head_dim, causal setting and N, with the
+    block's spread."""
     blocks = load_variants12()
     slugs = [variant_slug(v) for v in VARIANTS12_AFTER_B]
     lines = ["| dtype | head_dim | causal | N | version B | + TMA store of O | + persistent blocks | + pairs | "
-             "TMA store / B | persistent / TMA store | pairs / persistent | spread |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "+ back to back | TMA store / B | persistent / TMA store | pairs / persistent | "
+             "back to back / pairs | spread |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for tag in ("bf16", "fp16"):
         for d in (128, 64):
             for causal in (False, True):
@@ -556,7 +559,7 @@ def stage12_after_b_table():
     lines.append("")
     lines.append("Forward TFLOP/s on the FlashAttention grid, from the variant runs above; the ratios are the "
                  "time of the row before over the row's own (above 1: the piece helps). \"spread\": how far "
-                 "apart the block's two timings of the registered kernel (query tiles in pairs) are: ratios "
+                 "apart the block's two timings of the registered kernel (work tiles back to back) are: ratios "
                  "closer to 1 than it are not resolved.")
     return "\n".join(lines)
 
@@ -808,7 +811,7 @@ def ptxas_stage12_entries():
     """Stage 12's kernels in ptxas_sm90.txt (compiled for sm_90a): (dtype, head_dim, causal, config) ->
     (registers, stack, spill stores, spill loads); config is HopperConfig's arguments joined by '-'
     (consumers, keys per tile, stages, then setmaxnreg, ping-pong, overlap, TMA store as 0/1, then Q
-    buffers, then query tiles in pairs as 0/1), e.g. 2-128-2-0-0-0-0-1-0."""
+    buffers, then back to back as 0/1), e.g. 2-128-2-0-0-0-0-1-0."""
     text = (RESULTS / "ptxas_sm90.txt").read_text()
     entry = re.compile(r"Function properties for _ZN7stage1213hopper_kernelI(6__half|13__nv_bfloat16)Li(\d+)ELb([01])E"
                        r"NS_12HopperConfigILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])ELb([01])ELi(\d+)ELb([01])E\w*\n"
@@ -1740,11 +1743,12 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         run that holds the whole block (VARIANTS12_FILES); SLUG as for variant,
                                         e.g. stage12asbuilt, a1consumerwarpgroupinorder, 2consumerwarpgroups,
                                         setmaxnregproducerwarpgroup, pingpong, intrawarpgroupoverlap,
-                                        tmastoreofo, persistentblocks, querytilesinpairsheadbyhead
+                                        tmastoreofo, persistentblocks, querytilesinpairsheadbyhead,
+                                        worktilesbacktoback
       variant12-step/TAG/dD/cC/N/SLUG   what the rung SLUG buys: the time of the rung before it (ladder A .. B)
                                         over its own
       variant12-total/TAG/dD/cC/N       version A's time over version B's
-      variant12-after-b/TAG/dD/cC/N     version B's time over the registered kernel's (query tiles in pairs)
+      variant12-after-b/TAG/dD/cC/N     version B's time over the registered kernel's (back to back)
       variant12-same/TAG/dD/cC/N        how far apart, in % of the smaller time, the two rows that time
                                         the registered kernel are ("stage 12 as built" and the last rung,
                                         VARIANTS12_AS_BUILT)
