@@ -639,8 +639,9 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   fence_registers(o);
   release(sm.v_empty(st), lane);
   if (kTurnsPerWorkTile && w.consumer == 0) wait_for_turn(0);  // consumer 1's last pass
-  // Q may be overwritten: every product that reads it has finished, and (ping-pong) consumer 0 has
-  // taken consumer 1's last pass, so the turns start the next work tile as they started this one.
+  // Q may be overwritten: every product that reads it has finished, and (ping-pong, turns per work
+  // tile) consumer 0 has taken consumer 1's last pass, so the turns start the next work tile as they
+  // started this one.
   // With kTmaStore the buffer holds O first: store_output_tma releases it.
   if constexpr (!Config::kTmaStore) release(sm.q_empty(w.q_round), lane);
 }
