@@ -847,7 +847,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
   } else {
     if constexpr (Config::kRegisterSplit) hopper::setmaxnreg_inc<kConsumerRegisters>();
-    // kBackToBack: consumer 0 takes the first turn of the kernel, and the last (consume_overlapped).
+    // kBackToBack: the turns are set up once for the kernel instead of per work tile
+    // (consume_overlapped): consumer 1 passes here, so that consumer 0 goes first, and consumer 0
+    // takes consumer 1's last pass after the loop.
     if (Config::kBackToBack && warpgroup == 1) pass_turn(1);
     // kBackToBack: the Q round whose O the copy engine may still be reading, -1 if none. Its buffer
     // is next loaded two Q rounds later, when the producer is kStages K/V tiles from the end of the
