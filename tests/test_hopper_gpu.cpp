@@ -80,6 +80,7 @@ std::vector<VariantCase> variant_cases() {
       {2, 8, 2, 129, 63},     // GQA, seq_q > seq_kv: causal rows that see no key; a half-empty second consumer
       {1, 4, 1, 200, 200},    // MQA
       {1, 2, 2, 1000, 1024},  // many tiles through the ring, both consumers busy
+      {2, 4, 2, 65, 2},       // two keys a row: lse's error is largest where it sums few terms
   };
   std::vector<VariantCase> cases;
   for (int v = 1; v < stage12::kVariantCount; ++v)
