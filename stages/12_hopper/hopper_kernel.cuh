@@ -513,7 +513,11 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
 //     (wait_group 0), since that product still accumulates into O. P_j cannot overwrite P_{j-1},
 //     which the product is reading: P has two buffers, used in turn (the loop body is written out
 //     twice, so that each buffer stays in its own registers; a copy from one to the other made ptxas
-//     serialize the products, its message C7513).
+//     serialize the products, its message C7513). The wait_group 0, the release of V_{j-1} and the
+//     rescale (finish_output) come at the start of iteration j + 1, after its waits for the next K
+//     and V tiles, not right after the softmax: there, ptxas scheduled the wait (WARPGROUP.DEPBAR)
+//     ahead of the softmax's exponentials, which then waited for the product instead of overlapping
+//     it. The mbarrier waits are loops, and ptxas does not move instructions across them.
 //   kPingPong: the two consumer warpgroups issue their products in turns. Consumer c waits on named
 //     barrier kTurnBarrier + c before it issues, and arrives on the other's barrier after: while
 //     one runs its softmax, the other's products run. Consumer 1 arrives once before its first
@@ -521,7 +525,7 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
 //     consumer 1's last arrival, so both barriers end as they started. With kBackToBack the kernel
 //     does both, once for all its work tiles: the turns run on from one work tile to the next.
 // Tile 0 is taken apart before the loop (no product before it), so that no branch sits between a
-// wgmma and its wait inside the loop. after_first_tile() runs once tile 0's softmax is done.
+// wgmma and its wait inside an iteration. after_first_tile() runs once tile 0's softmax is done.
 template <typename Element, int kHeadDim, bool kCausal, class Config, class AfterFirstTile>
 __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, const ConsumerWork& w,
                                    float (&o)[kHeadDim / 2], float (&row_max2)[2], float (&row_sum)[2],
@@ -551,6 +555,21 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   if (w.scale_log2 < 0.0f) negate_q_tile(sm, w.q_round, w.consumer, thread);
   if (kTurnsPerWorkTile && w.consumer == 1) pass_turn(1);  // consumer 0 goes first
 
+  // kIntraOverlap: the rescale factors of the last softmax, applied by finish_output once the
+  // product that reads the output before them is done.
+  float pending_rescale[2];
+  // kIntraOverlap: wait for the P V product in flight (which read p_read), release its V tile
+  // (j_done, -1 when there was none) and rescale O. The fence on O keeps the multiplications before
+  // the next wgmma_fence: LLVM otherwise sinks them next to the product that reads O, and ptxas then
+  // inserts a warpgroup.arrive of its own (message C7519).
+  auto finish_output = [&](int j_done, Operand& p_read) {
+    wgmma_wait_group<0>();
+    fence_registers(o);
+    fence_registers(p_read);
+    if (j_done >= 0) release(sm.v_empty(slot(j_done)), lane);
+    rescale_output(o, pending_rescale);
+    fence_registers(o);
+  };
   // Tile 0: its scores, then its softmax into p_even; there is no product before it to overlap.
   {
     mbarrier_wait(sm.k_full(slot(0)), parity(0));
@@ -562,11 +581,11 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     wgmma_wait_group<0>();
     fence_registers(s);
     release(sm.k_empty(slot(0)), lane);
-    float rescale[2];  // of an output that is still zero: nothing to rescale
+    // The factors of an output that is still zero: 0 or 1, harmless to apply.
     if (first_masked == 0)
-      softmax(Masked{}, 0, p_even, rescale);
+      softmax(Masked{}, 0, p_even, pending_rescale);
     else
-      softmax(Unmasked{}, 0, p_even, rescale);
+      softmax(Unmasked{}, 0, p_even, pending_rescale);
   }
   after_first_tile();
 
@@ -578,6 +597,8 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     const int first_key = j * kBlockCols;
     mbarrier_wait(sm.k_full(st), parity(j));
     mbarrier_wait(sm.v_full(prev), parity(j - 1));
+    // P_{j-2} V_{j-2}, issued in the iteration before, read the buffer that P_j goes into.
+    if constexpr (Config::kIntraOverlap) finish_output(j - 2, p_out);
     if (Config::kPingPong) wait_for_turn(w.consumer);
     wgmma_fence();
     issue_scores<Element, kHeadDim, Config>(s, sm.q(w.q_round, w.consumer, 0), sm.k(st, 0));
@@ -585,17 +606,13 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     issue_output<Element, kHeadDim, Config>(o, p_in, sm.v(prev, 0));
     wgmma_commit_group();
     if (Config::kPingPong) pass_turn(w.consumer);
-    float rescale[2];
     if constexpr (Config::kIntraOverlap) {
       wgmma_wait_group<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
       fence_registers(s);
       release(sm.k_empty(st), lane);
-      softmax(masked, first_key, p_out, rescale);
-      wgmma_wait_group<0>();
-      fence_registers(o);
-      fence_registers(p_in);
-      release(sm.v_empty(prev), lane);
+      softmax(masked, first_key, p_out, pending_rescale);
     } else {
+      float rescale[2];
       wgmma_wait_group<0>();
       fence_registers(s);
       fence_registers(o);
@@ -603,8 +620,8 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
       release(sm.k_empty(st), lane);
       release(sm.v_empty(prev), lane);
       softmax(masked, first_key, p_out, rescale);
+      rescale_output(o, rescale);
     }
-    rescale_output(o, rescale);
   };
   // The tiles without the mask first, then the rest with it, each loop in pairs so that P's buffers
   // keep their roles: when the unmasked tiles after tile 0 are odd in number, the last of them runs
@@ -625,12 +642,17 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   const int last = w.num_tiles - 1;
   const int st = slot(last);
   const bool odd = last % 2 == 1;
+  mbarrier_wait(sm.v_full(st), parity(last));
+  if constexpr (Config::kIntraOverlap) {
+    // The product in flight read P_{last-1}: p_even when last is odd, p_odd when it is even.
+    finish_output(last - 1, p_even);
+    fence_registers(p_odd);
+  }
+  if (Config::kPingPong) wait_for_turn(w.consumer);
 #pragma unroll
   for (int ks = 0; ks < kBlockCols / 16; ++ks)
 #pragma unroll
     for (int e = 0; e < 4; ++e) p_even[ks][e] = odd ? p_odd[ks][e] : p_even[ks][e];
-  mbarrier_wait(sm.v_full(st), parity(last));
-  if (Config::kPingPong) wait_for_turn(w.consumer);
   wgmma_fence();
   issue_output<Element, kHeadDim, Config>(o, p_even, sm.v(st, 0));
   wgmma_commit_group();
