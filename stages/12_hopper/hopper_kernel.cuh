@@ -581,7 +581,8 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     wgmma_wait_group<0>();
     fence_registers(s);
     release(sm.k_empty(slot(0)), lane);
-    // The factors of an output that is still zero: 0 or 1, harmless to apply.
+    // Its factors are 0 (no row had a maximum before this tile); finish_output applies them to an
+    // output that is still 0.
     if (first_masked == 0)
       softmax(Masked{}, 0, p_even, pending_rescale);
     else
