@@ -517,7 +517,8 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
 //     rescale (finish_output) come at the start of iteration j + 1, after its waits for the next K
 //     and V tiles, not right after the softmax: there, ptxas scheduled the wait (WARPGROUP.DEPBAR)
 //     ahead of the softmax's exponentials, which then waited for the product instead of overlapping
-//     it. The mbarrier waits are loops, and ptxas does not move instructions across them.
+//     it. The mbarrier waits are loops, and ptxas kept the wait below them (scripts/sass_overlap.sh
+//     checks the machine code).
 //   kPingPong: the two consumer warpgroups issue their products in turns. Consumer c waits on named
 //     barrier kTurnBarrier + c before it issues, and arrives on the other's barrier after: while
 //     one runs its softmax, the other's products run. Consumer 1 arrives once before its first
