@@ -5,6 +5,7 @@
   ncu -i rep.ncu-rep --page source --csv --print-source sass > raw.csv
   scripts/ncu_source_summary.py reduce raw.csv > reduced.csv   # per instruction: SASS and stalls
   scripts/ncu_source_summary.py report reduced.csv             # lesson 11's shares
+  scripts/ncu_source_summary.py regions reduced.csv NAME:LO:HI ...  # samples per range of offsets
 
 reduce keeps, per SASS instruction, its offset from the kernel's first instruction, the instruction,
 its warp-stall sample count and its samples per stall reason (the other columns of the source view
@@ -53,5 +54,15 @@ def report(path):
         print(f"  stall_long_sb within {WINDOW} instructions after {tag}: {waited / total:.3f}")
 
 
+def regions(path, *ranges):
+    """The warp-stall samples of each range [LO, HI) of instruction offsets (hex), and of all."""
+    rows = list(csv.DictReader(open(path)))
+    print(f"all: {sum(int(r['samples']) for r in rows)}")
+    for spec in ranges:
+        name, lo, hi = spec.split(":")
+        n = sum(int(r["samples"]) for r in rows if int(lo, 16) <= int(r["offset"], 16) < int(hi, 16))
+        print(f"{name}: {n}")
+
+
 if __name__ == "__main__":
-    {"reduce": reduce, "report": report}[sys.argv[1]](sys.argv[2])
+    {"reduce": reduce, "report": report, "regions": regions}[sys.argv[1]](*sys.argv[2:])
