@@ -154,12 +154,19 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   // those where they lost (lesson 12, "Query tiles in pairs, head by head").
   const int tiles_per_unit =
       schedule == Schedule::kPersistentPairs && causal && 2 * num_heads_total > num_sms ? 2 : 1;
-  long long blocks = kernel_detail::num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
+  int blocks = kernel_detail::num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
   // One block per SM is all that fits: the registers of 384 threads at 168 each (setmaxnreg).
-  if (persistent) blocks = std::min<long long>(blocks, num_sms);
+  if (persistent) blocks = std::min(blocks, num_sms);
+  // The kernel's divisions of a work unit's index (hopper_kernel's work_tile_of_step): by the units
+  // of a head, or, causal one tile at a time, by the heads; then by heads_q, and by the query heads
+  // that share a K/V head.
+  const int unit_divisor = tiles_per_unit == 1 && causal ? num_heads_total
+                                                         : kernel_detail::units_per_head(num_q_tiles, tiles_per_unit);
   kernel<<<static_cast<unsigned>(blocks), Config::kThreads, kSharedBytes, stream>>>(
       q_map, k_map, v_map, o_map, static_cast<Element*>(o), lse, heads_q, heads_kv, seq_q, seq_kv,
-      scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total, tiles_per_unit);
+      scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total, tiles_per_unit,
+      kernel_detail::make_grid_divisor(unit_divisor), kernel_detail::make_grid_divisor(heads_q),
+      kernel_detail::make_grid_divisor(heads_q / heads_kv));
   return flash::last_launch_status();
 }
 
@@ -174,6 +181,7 @@ using VariantIntraOverlap = HopperConfig<2, 128, 2, true, true, true>;
 using VariantTmaStore = HopperConfig<2, 128, 2, true, true, true, true>;
 using VariantPersistent = HopperConfig<2, 128, 2, true, true, true, true, 2>;  // and query tiles in pairs
 using VariantBackToBack = HopperConfig<2, 128, 2, true, true, true, true, 2, true>;
+using VariantPlainDivision = HopperConfig<2, 128, 2, true, true, true, true, 2, true, true>;
 
 template <class Config>
 flash::Status launch_config(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
@@ -228,6 +236,7 @@ const char* variant_name(Variant variant) {
     case Variant::kPersistent: return "+ persistent blocks";
     case Variant::kTilePairs: return "+ query tiles in pairs, head by head";
     case Variant::kBackToBack: return "+ work tiles back to back";
+    case Variant::kPlainDivision: return "b2b, plain division";
   }
   return "unknown variant";
 }
@@ -268,6 +277,9 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
     case Variant::kBackToBack:
       return launch_config<VariantBackToBack>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
                                               scale, causal, dtype, stream, Schedule::kPersistentPairs);
+    case Variant::kPlainDivision:
+      return launch_config<VariantPlainDivision>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                                 scale, causal, dtype, stream, Schedule::kPersistentPairs);
     case Variant::kTmaStore:
     default:  // every other value is named above; kRegistered became kRegisteredVariant
       return launch_config<VariantTmaStore>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
