@@ -67,7 +67,6 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kPersistent: return variant_forward<stage12::Variant::kPersistent>;
     case stage12::Variant::kTilePairs: return variant_forward<stage12::Variant::kTilePairs>;
     case stage12::Variant::kBackToBack: return variant_forward<stage12::Variant::kBackToBack>;
-    case stage12::Variant::kPlainDivision: return variant_forward<stage12::Variant::kPlainDivision>;
   }
   return nullptr;
 }

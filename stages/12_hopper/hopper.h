@@ -35,10 +35,9 @@ enum class Variant : int {
   kPersistent,     // one block per SM taking work tiles in turn, with two Q buffers
   kTilePairs,      // causal, with more heads than half the SMs, query tiles in pairs, head by head
   kBackToBack,     // the last: the consumers' turns and O's store carry over from one work tile to the next
-  kPlainDivision,  // EXPERIMENT: back to back with the work-tile search's divisions by '/'
 };
 // How many Variant values there are, kRegistered included.
-constexpr int kVariantCount = 11;
+constexpr int kVariantCount = 10;
 // The configuration forward() runs: every piece switched on.
 constexpr Variant kRegisteredVariant = Variant::kBackToBack;
 

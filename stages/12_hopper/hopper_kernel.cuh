@@ -39,6 +39,9 @@
 //   work tile without meeting in between. The ping-pong turns carry over from one work tile to the
 //   next, and the thread that stored O waits for the copy engine to read it during the next work tile,
 //   not before it.
+// - Each work tile's search (which head, which query tile) divides by numbers fixed for the grid with
+//   a multiply-high and a shift (GridDivisor) instead of the division sequence, whose latency the
+//   consumers wait for between work tiles.
 // - The softmax itself is stage 10's: base 2, the scale inside the exp2's FFMA, a negative scale
 //   folded into Q in shared memory (which, between two async-proxy accesses, needs a proxy fence).
 //   It reads the scores and writes the probabilities straight into P's registers. Whether a tile is
@@ -69,8 +72,7 @@ namespace stage12 {
 //     persistent grid's; needs the ping-pong, the intra-warpgroup overlap, the TMA store and two Q
 //     buffers).
 template <int kConsumers_, int kBlockCols_, int kStages_, bool kRegisterSplit_ = false, bool kPingPong_ = false,
-          bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1, bool kBackToBack_ = false,
-          bool kPlainDivision_ = false>
+          bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1, bool kBackToBack_ = false>
 struct HopperConfig {
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockRows = 64 * kConsumers;
@@ -82,7 +84,6 @@ struct HopperConfig {
   static constexpr bool kTmaStore = kTmaStore_;
   static constexpr int kQStages = kQStages_;
   static constexpr bool kBackToBack = kBackToBack_;
-  static constexpr bool kPlainDivision = kPlainDivision_;  // EXPERIMENT: the work-tile search with '/'
   // The consumers come first (warpgroups 0 .. kConsumers - 1, each starting at a warp index
   // divisible by 4, as wgmma requires), the producer after them.
   static constexpr int kProducerThreads = kRegisterSplit ? 128 : 32;
@@ -784,9 +785,7 @@ __host__ inline GridDivisor make_grid_divisor(int d) {
 }
 
 // n / g.divisor and n % g.divisor, for 0 <= n < 2^31.
-template <bool kPlain = false>
 __device__ inline int divide(int n, const GridDivisor& g) {
-  if constexpr (kPlain) return n / static_cast<int>(g.divisor);
   const uint32_t u = static_cast<uint32_t>(n);
   return static_cast<int>((__umulhi(u, g.multiplier) + u) >> g.shift);
 }
@@ -842,9 +841,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     WorkTile t;
     t.bh = bh;
     t.first_row = q_tile * Config::kBlockRows;
-    const int b = divide<Config::kPlainDivision>(bh, heads_q_divisor);
+    const int b = divide(bh, heads_q_divisor);
     const int h = remainder(bh, b, heads_q_divisor);
-    t.kv_head = b * heads_kv + divide<Config::kPlainDivision>(h, group_divisor);  // flash::kv_head_of
+    t.kv_head = b * heads_kv + divide(h, group_divisor);  // flash::kv_head_of
     const int last_row = min(t.first_row + Config::kBlockRows, seq_q) - 1;
     const int key_end = kCausal ? min(seq_kv, flash::causal_key_end(last_row, seq_q, seq_kv)) : seq_kv;
     t.num_tiles = key_end > 0 ? (key_end + Config::kBlockCols - 1) / Config::kBlockCols : 0;
@@ -856,9 +855,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // tile takes the next pass's shortest, and the blocks of a persistent grid end at about the same
   // time; in the order b, b + gridDim.x, ... block 0 took the longest tile of every pass. A grid with a
   // block per work unit has one pass.
-  const int grid = static_cast<int>(gridDim.x), block = static_cast<int>(blockIdx.x);
-  const int num_passes = (num_units + grid - 1) / grid;
-  auto unit_of_pass = [&](int pass) { return pass * grid + (pass % 2 == 0 ? block : grid - 1 - block); };
+  // Unsigned: past the last unit, a pass's index may reach num_units + gridDim.x - 1 > 2^31 - 1.
+  const unsigned grid = gridDim.x, block = blockIdx.x;
+  const int num_passes = static_cast<int>((static_cast<unsigned>(num_units) + grid - 1) / grid);
+  auto unit_of_pass = [&](int pass) {
+    return static_cast<unsigned>(pass) * grid + (pass % 2 == 0 ? block : grid - 1 - block);
+  };
   // The block's step-th work tile: the first or second of pass step / tiles_per_unit's unit. False
   // when there is none: past the last unit, or the second of a pair that is one tile. unit_divisor
   // divides by the units of a head (pairs_per_head or num_q_tiles), or, causal one tile at a time, by
@@ -866,9 +868,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int num_steps = num_passes * tiles_per_unit;
   auto work_tile_of_step = [&](int step, WorkTile& t) {
     const bool pairs = tiles_per_unit == 2;
-    const int unit = unit_of_pass(pairs ? step / 2 : step);
-    if (unit >= num_units) return false;
-    const int quotient = divide<Config::kPlainDivision>(unit, unit_divisor);
+    const unsigned next = unit_of_pass(pairs ? step / 2 : step);
+    if (next >= static_cast<unsigned>(num_units)) return false;
+    const int unit = static_cast<int>(next);
+    const int quotient = divide(unit, unit_divisor);
     const int rest = remainder(unit, quotient, unit_divisor);
     int bh, q_tile;
     if (pairs) {
