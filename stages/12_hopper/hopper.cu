@@ -154,12 +154,19 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   // those where they lost (lesson 12, "Query tiles in pairs, head by head").
   const int tiles_per_unit =
       schedule == Schedule::kPersistentPairs && causal && 2 * num_heads_total > num_sms ? 2 : 1;
-  long long blocks = kernel_detail::num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
+  int blocks = kernel_detail::num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
   // One block per SM is all that fits: the registers of 384 threads at 168 each (setmaxnreg).
-  if (persistent) blocks = std::min<long long>(blocks, num_sms);
+  if (persistent) blocks = std::min(blocks, num_sms);
+  // The kernel's divisions of a work unit's index (hopper_kernel's work_tile_of_step): by the units
+  // of a head, or, causal one tile at a time, by the heads; then by heads_q, and by the query heads
+  // that share a K/V head.
+  const int unit_divisor = tiles_per_unit == 1 && causal ? num_heads_total
+                                                         : kernel_detail::units_per_head(num_q_tiles, tiles_per_unit);
   kernel<<<static_cast<unsigned>(blocks), Config::kThreads, kSharedBytes, stream>>>(
       q_map, k_map, v_map, o_map, static_cast<Element*>(o), lse, heads_q, heads_kv, seq_q, seq_kv,
-      scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total, tiles_per_unit);
+      scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total, tiles_per_unit,
+      kernel_detail::make_grid_divisor(unit_divisor), kernel_detail::make_grid_divisor(heads_q),
+      kernel_detail::make_grid_divisor(heads_q / heads_kv));
   return flash::last_launch_status();
 }
 

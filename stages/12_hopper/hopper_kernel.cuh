@@ -39,6 +39,9 @@
 //   work tile without meeting in between. The ping-pong turns carry over from one work tile to the
 //   next, and the thread that stored O waits for the copy engine to read it during the next work tile,
 //   not before it.
+// - Each work tile's search (which head, which query tile) divides by numbers fixed for the grid with
+//   a multiply-high and a shift (GridDivisor) instead of the division sequence, whose latency the
+//   consumers wait for between work tiles.
 // - The softmax itself is stage 10's: base 2, the scale inside the exp2's FFMA, a negative scale
 //   folded into Q in shared memory (which, between two async-proxy accesses, needs a proxy fence).
 //   It reads the scores and writes the probabilities straight into P's registers. Whether a tile is
@@ -755,9 +758,39 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
 // without a longest-first order across heads; and the pairs come head by head, so the blocks in
 // flight read the K and V of a few heads, which stay in L2, where longest first runs one query tile
 // of every head at once.
-__host__ __device__ inline long long num_work_units(int num_heads_total, int num_q_tiles, int tiles_per_unit) {
-  const int units_per_head = tiles_per_unit == 2 ? (num_q_tiles + 1) / 2 : num_q_tiles;
-  return static_cast<long long>(num_heads_total) * units_per_head;
+// Fewer than 2^31 of them: num_heads_total * num_q_tiles <= batch * heads_q * seq_q, which
+// flash::check_forward_args keeps within kMaxDim.
+__host__ __device__ inline int units_per_head(int num_q_tiles, int tiles_per_unit) {
+  return tiles_per_unit == 2 ? (num_q_tiles + 1) / 2 : num_q_tiles;
+}
+__host__ __device__ inline int num_work_units(int num_heads_total, int num_q_tiles, int tiles_per_unit) {
+  return num_heads_total * units_per_head(num_q_tiles, tiles_per_unit);
+}
+
+// A division by a number that is the same for the whole grid (a head count, the units per head), as
+// a multiply-high, an add and a shift: the division instruction sequence is a chain of a reciprocal
+// and corrections on every work tile's search, which the consumers wait for between work tiles.
+// Granlund and Montgomery's round-up method ("Division by invariant integers using multiplication",
+// 1994): with shift = ceil(log2 d) and multiplier = floor(2^32 (2^shift - d) / d) + 1,
+// n / d = (umulhi(n, multiplier) + n) >> shift for every n < 2^31 (the sum then fits 32 bits).
+struct GridDivisor {
+  uint32_t divisor, multiplier, shift;
+};
+
+__host__ inline GridDivisor make_grid_divisor(int d) {
+  GridDivisor g{static_cast<uint32_t>(d), 0, 0};
+  while ((1ull << g.shift) < g.divisor) ++g.shift;
+  g.multiplier = static_cast<uint32_t>(((1ull << 32) * ((1ull << g.shift) - g.divisor)) / g.divisor + 1);
+  return g;
+}
+
+// n / g.divisor and n % g.divisor, for 0 <= n < 2^31.
+__device__ inline int divide(int n, const GridDivisor& g) {
+  const uint32_t u = static_cast<uint32_t>(n);
+  return static_cast<int>((__umulhi(u, g.multiplier) + u) >> g.shift);
+}
+__device__ inline int remainder(int n, int quotient, const GridDivisor& g) {
+  return n - quotient * static_cast<int>(g.divisor);
 }
 
 }  // namespace kernel_detail
@@ -775,7 +808,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, Element* o,
                   float* lse, int heads_q, int heads_kv, int seq_q, int seq_kv, float scale_log2, int num_q_tiles,
-                  int num_heads_total, int tiles_per_unit) {
+                  int num_heads_total, int tiles_per_unit, kernel_detail::GridDivisor unit_divisor,
+                  kernel_detail::GridDivisor heads_q_divisor, kernel_detail::GridDivisor group_divisor) {
 #if FLASH_HOPPER_SM90A
   using namespace kernel_detail;
   static_assert(sizeof(Element) == kElementBytes, "16-bit elements");
@@ -800,54 +834,60 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
 
   // Work tile (bh, q_tile): which rows of which head, and how many K/V tiles they see.
   struct WorkTile {
-    long long bh;  // batch * heads_q + query head
+    int bh;  // batch * heads_q + query head
     int first_row, kv_head, num_tiles;
   };
-  auto work_tile = [&](long long bh, int q_tile) {
+  auto work_tile = [&](int bh, int q_tile) {
     WorkTile t;
     t.bh = bh;
     t.first_row = q_tile * Config::kBlockRows;
-    const int b = static_cast<int>(bh / heads_q);
-    const int h = static_cast<int>(bh % heads_q);
-    t.kv_head = b * heads_kv + flash::kv_head_of(h, heads_q, heads_kv);
+    const int b = divide(bh, heads_q_divisor);
+    const int h = remainder(bh, b, heads_q_divisor);
+    t.kv_head = b * heads_kv + divide(h, group_divisor);  // flash::kv_head_of
     const int last_row = min(t.first_row + Config::kBlockRows, seq_q) - 1;
     const int key_end = kCausal ? min(seq_kv, flash::causal_key_end(last_row, seq_q, seq_kv)) : seq_kv;
     t.num_tiles = key_end > 0 ? (key_end + Config::kBlockCols - 1) / Config::kBlockCols : 0;
     return t;
   };
-  const long long num_units = num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
+  const int num_units = num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
   // Block b's work unit in pass p over the grid: b in even passes, gridDim.x - 1 - b in odd ones (a
   // serpentine order). Causal work tiles come longest first, so the block that takes a pass's longest
   // tile takes the next pass's shortest, and the blocks of a persistent grid end at about the same
   // time; in the order b, b + gridDim.x, ... block 0 took the longest tile of every pass. A grid with a
   // block per work unit has one pass.
-  const int num_passes = static_cast<int>((num_units + gridDim.x - 1) / gridDim.x);
+  // Unsigned: past the last unit, a pass's index may reach num_units + gridDim.x - 1 > 2^31 - 1.
+  const unsigned grid = gridDim.x, block = blockIdx.x;
+  const int num_passes = static_cast<int>((static_cast<unsigned>(num_units) + grid - 1) / grid);
   auto unit_of_pass = [&](int pass) {
-    return static_cast<long long>(pass) * gridDim.x + (pass % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x);
+    return static_cast<unsigned>(pass) * grid + (pass % 2 == 0 ? block : grid - 1 - block);
   };
   // The block's step-th work tile: the first or second of pass step / tiles_per_unit's unit. False
-  // when there is none: past the last unit, or the second of a pair that is one tile.
+  // when there is none: past the last unit, or the second of a pair that is one tile. unit_divisor
+  // divides by the units of a head (pairs_per_head or num_q_tiles), or, causal one tile at a time, by
+  // the heads.
   const int num_steps = num_passes * tiles_per_unit;
   auto work_tile_of_step = [&](int step, WorkTile& t) {
-    const long long unit = unit_of_pass(step / tiles_per_unit);
-    if (unit >= num_units) return false;
-    long long bh;
-    int q_tile;
-    if (tiles_per_unit == 2) {
-      // Pair i of a head: query tile num_q_tiles - 1 - i, then tile i. Causal, the two see
-      // num_q_tiles + 1 K/V tiles together (with Br = Bc and seq_q = seq_kv), whatever i is.
-      const int pairs_per_head = (num_q_tiles + 1) / 2;
-      bh = unit / pairs_per_head;
-      const int i = static_cast<int>(unit % pairs_per_head);
+    const bool pairs = tiles_per_unit == 2;
+    const unsigned next = unit_of_pass(pairs ? step / 2 : step);
+    if (next >= static_cast<unsigned>(num_units)) return false;
+    const int unit = static_cast<int>(next);
+    const int quotient = divide(unit, unit_divisor);
+    const int rest = remainder(unit, quotient, unit_divisor);
+    int bh, q_tile;
+    if (pairs) {
+      // Pair i = rest of head quotient: query tile num_q_tiles - 1 - i, then tile i. Causal, the two
+      // see num_q_tiles + 1 K/V tiles together (with Br = Bc and seq_q = seq_kv), whatever i is.
+      bh = quotient;
+      const int i = rest;
       const bool second = step % 2 == 1;
       if (second && i == num_q_tiles - 1 - i) return false;  // the middle tile of an odd count
       q_tile = second ? i : num_q_tiles - 1 - i;
     } else if (kCausal) {
-      bh = unit % num_heads_total;
-      q_tile = num_q_tiles - 1 - static_cast<int>(unit / num_heads_total);
+      bh = rest;
+      q_tile = num_q_tiles - 1 - quotient;
     } else {
-      bh = unit / num_q_tiles;
-      q_tile = static_cast<int>(unit % num_q_tiles);
+      bh = quotient;
+      q_tile = rest;
     }
     t = work_tile(bh, q_tile);
     return true;
@@ -864,7 +904,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     for (int step = 0; step < num_steps; ++step) {
       WorkTile t;
       if (!work_tile_of_step(step, t) || t.num_tiles == 0) continue;
-      produce<Element, kHeadDim, Config>(sm, &q_map, &k_map, &v_map, t.first_row, static_cast<int>(t.bh), t.kv_head,
+      produce<Element, kHeadDim, Config>(sm, &q_map, &k_map, &v_map, t.first_row, t.bh, t.kv_head,
                                          t.num_tiles, ring, q_round);
       ring += t.num_tiles;
       ++q_round;
@@ -914,18 +954,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         ring += t.num_tiles;
         ++q_round;
       }
-      float* lse_head = lse ? lse + t.bh * seq_q : nullptr;
+      float* lse_head = lse ? lse + static_cast<long long>(t.bh) * seq_q : nullptr;
       if (Config::kTmaStore && t.num_tiles > 0) {
         // (A work tile that sees no key has no Q round: the producer skipped it, and its zeros go
         // out through store_output, which leaves Q's buffer and q_empty alone.)
         store_output_tma<Element, kHeadDim, Config>(sm, &o_map, w.q_round, warpgroup, w.first_row,
-                                                    static_cast<int>(t.bh), lse_head, acc_o, row_max2, row_sum,
+                                                    t.bh, lse_head, acc_o, row_max2, row_sum,
                                                     seq_q);
         if constexpr (Config::kBackToBack) stored_round = w.q_round;
       } else {
         const int lane = threadIdx.x % 32;
         const int row0 = w.first_row + 16 * ((threadIdx.x % kWarpgroupThreads) / 32) + lane / 4;
-        store_output<Element, kHeadDim>(o + t.bh * seq_q * kHeadDim, lse_head, acc_o, row_max2, row_sum, row0, seq_q,
+        store_output<Element, kHeadDim>(o + static_cast<long long>(t.bh) * seq_q * kHeadDim, lse_head, acc_o, row_max2, row_sum, row0, seq_q,
                                         lane % 4);
       }
     }
@@ -938,6 +978,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // Compiled for another target: never launched (stage12::check_gpu refuses first).
   (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse, (void)heads_q, (void)heads_kv;
   (void)seq_q, (void)seq_kv, (void)scale_log2, (void)num_q_tiles, (void)num_heads_total, (void)tiles_per_unit;
+  (void)unit_divisor, (void)heads_q_divisor, (void)group_divisor;
 #endif
 }
 
