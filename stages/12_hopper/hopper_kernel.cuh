@@ -784,7 +784,7 @@ __host__ inline GridDivisor make_grid_divisor(int d) {
   return g;
 }
 
-// n / g.divisor and n % g.divisor, for 0 <= n < 2^31.
+// n / g.divisor for 0 <= n < 2^31; remainder() gives n % g.divisor from that quotient.
 __device__ inline int divide(int n, const GridDivisor& g) {
   const uint32_t u = static_cast<uint32_t>(n);
   return static_cast<int>((__umulhi(u, g.multiplier) + u) >> g.shift);
@@ -965,8 +965,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       } else {
         const int lane = threadIdx.x % 32;
         const int row0 = w.first_row + 16 * ((threadIdx.x % kWarpgroupThreads) / 32) + lane / 4;
-        store_output<Element, kHeadDim>(o + static_cast<long long>(t.bh) * seq_q * kHeadDim, lse_head, acc_o, row_max2, row_sum, row0, seq_q,
-                                        lane % 4);
+        Element* o_head = o + static_cast<long long>(t.bh) * seq_q * kHeadDim;
+        store_output<Element, kHeadDim>(o_head, lse_head, acc_o, row_max2, row_sum, row0, seq_q, lane % 4);
       }
     }
     // kBackToBack: the last store read before the block's shared memory goes, and consumer 1's last
