@@ -67,6 +67,7 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kPersistent: return variant_forward<stage12::Variant::kPersistent>;
     case stage12::Variant::kTilePairs: return variant_forward<stage12::Variant::kTilePairs>;
     case stage12::Variant::kBackToBack: return variant_forward<stage12::Variant::kBackToBack>;
+    case stage12::Variant::kStoreBehindScores: return variant_forward<stage12::Variant::kStoreBehindScores>;
   }
   return nullptr;
 }
@@ -103,7 +104,8 @@ std::vector<VariantCase> variant_cases() {
       {4, 40, 8, 400, 100},  // causal: query tiles 0 and 1 of each head see no key, each second in its pair
   };
   for (stage12::Variant variant :
-       {stage12::Variant::kPersistent, stage12::Variant::kTilePairs, stage12::Variant::kBackToBack})
+       {stage12::Variant::kPersistent, stage12::Variant::kTilePairs, stage12::Variant::kBackToBack,
+        stage12::Variant::kStoreBehindScores})
     for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
       for (int head_dim : {64, 128})
         for (const auto& s : many_tiles)
