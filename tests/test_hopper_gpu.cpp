@@ -68,6 +68,7 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kTilePairs: return variant_forward<stage12::Variant::kTilePairs>;
     case stage12::Variant::kBackToBack: return variant_forward<stage12::Variant::kBackToBack>;
     case stage12::Variant::kStoreBehindScores: return variant_forward<stage12::Variant::kStoreBehindScores>;
+    case stage12::Variant::kLeftoverUnmasked: return variant_forward<stage12::Variant::kLeftoverUnmasked>;
   }
   return nullptr;
 }
@@ -105,7 +106,7 @@ std::vector<VariantCase> variant_cases() {
   };
   for (stage12::Variant variant :
        {stage12::Variant::kPersistent, stage12::Variant::kTilePairs, stage12::Variant::kBackToBack,
-        stage12::Variant::kStoreBehindScores})
+        stage12::Variant::kStoreBehindScores, stage12::Variant::kLeftoverUnmasked})
     for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
       for (int head_dim : {64, 128})
         for (const auto& s : many_tiles)

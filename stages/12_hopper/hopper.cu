@@ -182,6 +182,7 @@ using VariantTmaStore = HopperConfig<2, 128, 2, true, true, true, true>;
 using VariantPersistent = HopperConfig<2, 128, 2, true, true, true, true, 2>;  // and query tiles in pairs
 using VariantBackToBack = HopperConfig<2, 128, 2, true, true, true, true, 2, true>;
 using VariantStoreBehindScores = HopperConfig<2, 128, 2, true, true, true, true, 2, true, true>;
+using VariantLeftoverUnmasked = HopperConfig<2, 128, 2, true, true, true, true, 2, true, true, true>;
 
 template <class Config>
 flash::Status launch_config(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
@@ -237,6 +238,7 @@ const char* variant_name(Variant variant) {
     case Variant::kTilePairs: return "+ query tiles in pairs, head by head";
     case Variant::kBackToBack: return "+ work tiles back to back";
     case Variant::kStoreBehindScores: return "+ O stored behind the next scores";
+    case Variant::kLeftoverUnmasked: return "+ odd last tile unmasked";
   }
   return "unknown variant";
 }
@@ -281,6 +283,10 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
       return launch_config<VariantStoreBehindScores>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv,
                                                      head_dim, scale, causal, dtype, stream,
                                                      Schedule::kPersistentPairs);
+    case Variant::kLeftoverUnmasked:
+      return launch_config<VariantLeftoverUnmasked>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                                    head_dim, scale, causal, dtype, stream,
+                                                    Schedule::kPersistentPairs);
     case Variant::kTmaStore:
     default:  // every other value is named above; kRegistered became kRegisteredVariant
       return launch_config<VariantTmaStore>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,

@@ -36,9 +36,10 @@ enum class Variant : int {
   kTilePairs,      // causal, with more heads than half the SMs, query tiles in pairs, head by head
   kBackToBack,     // the consumers' turns and O's store carry over from one work tile to the next
   kStoreBehindScores,  // EXPERIMENT: O stored while the next work tile's first scores run
+  kLeftoverUnmasked,   // EXPERIMENT: and a last tile left over after the pairs runs unmasked where it can
 };
 // How many Variant values there are, kRegistered included.
-constexpr int kVariantCount = 11;
+constexpr int kVariantCount = 12;
 // The configuration forward() runs: every piece switched on.
 constexpr Variant kRegisteredVariant = Variant::kBackToBack;
 

@@ -75,7 +75,7 @@ namespace stage12 {
 //     tensor cores, not before they are issued (needs kBackToBack).
 template <int kConsumers_, int kBlockCols_, int kStages_, bool kRegisterSplit_ = false, bool kPingPong_ = false,
           bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1, bool kBackToBack_ = false,
-          bool kStoreBehindScores_ = false>
+          bool kStoreBehindScores_ = false, bool kLeftoverUnmasked_ = false>
 struct HopperConfig {
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockRows = 64 * kConsumers;
@@ -88,6 +88,7 @@ struct HopperConfig {
   static constexpr int kQStages = kQStages_;
   static constexpr bool kBackToBack = kBackToBack_;
   static constexpr bool kStoreBehindScores = kStoreBehindScores_;
+  static constexpr bool kLeftoverUnmasked = kLeftoverUnmasked_;
   // The consumers come first (warpgroups 0 .. kConsumers - 1, each starting at a warp index
   // divisible by 4, as wgmma requires), the producer after them.
   static constexpr int kProducerThreads = kRegisterSplit ? 128 : 32;
@@ -647,7 +648,11 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     step(j, p_even, p_odd, Masked{});
     step(j + 1, p_odd, p_even, Masked{});
   }
-  if (j < w.num_tiles) step(j, p_even, p_odd, Masked{});
+  if (Config::kLeftoverUnmasked && j < first_masked) {
+    if (j < w.num_tiles) step(j, p_even, p_odd, Unmasked{});
+  } else if (j < w.num_tiles) {
+    step(j, p_even, p_odd, Masked{});
+  }
 
   // The last tile's O += P V. Its P is in p_odd when the last tile's index is odd: selected into
   // p_even without a branch (a wgmma on each side of one made ptxas serialize them, message C7520).
