@@ -644,15 +644,16 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     step(j, p_even, p_odd, Unmasked{});
     step(j + 1, p_odd, p_even, Unmasked{});
   }
+  // kLeftoverUnmasked: one unmasked tile left over runs alone, unmasked; the masked tile after it
+  // reads p_odd, and the masked pairs after that have their usual roles.
+  const bool leftover = Config::kLeftoverUnmasked && j < first_masked && j < w.num_tiles;
+  if (leftover) step(j++, p_even, p_odd, Unmasked{});
+  if (leftover && j < w.num_tiles) step(j++, p_odd, p_even, Masked{});
   for (; j + 1 < w.num_tiles; j += 2) {
     step(j, p_even, p_odd, Masked{});
     step(j + 1, p_odd, p_even, Masked{});
   }
-  if (Config::kLeftoverUnmasked && j < first_masked) {
-    if (j < w.num_tiles) step(j, p_even, p_odd, Unmasked{});
-  } else if (j < w.num_tiles) {
-    step(j, p_even, p_odd, Masked{});
-  }
+  if (j < w.num_tiles) step(j, p_even, p_odd, Masked{});
 
   // The last tile's O += P V. Its P is in p_odd when the last tile's index is odd: selected into
   // p_even without a branch (a wgmma on each side of one made ptxas serialize them, message C7520).
