@@ -172,7 +172,8 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
 
 // The configurations the lesson measures, each adding one piece to the one before
 // (HopperConfig<consumers, keys per tile, stages, register split, ping-pong, intra overlap, TMA store,
-// Q buffers, back to back>); the persistent ones also differ in their Schedule (forward_variant).
+// Q buffers, back to back, store behind the next scores, odd last tile unmasked>); the persistent ones
+// also differ in their Schedule (forward_variant).
 using VariantA = HopperConfig<1, 128, 2>;
 using VariantTwoConsumers = HopperConfig<2, 128, 2>;
 using VariantRegisterSplit = HopperConfig<2, 128, 2, true>;

@@ -39,6 +39,11 @@
 //   work tile without meeting in between. The ping-pong turns carry over from one work tile to the
 //   next, and the thread that stored O waits for the copy engine to read it during the next work tile,
 //   not before it.
+// - O stored behind the next scores (kStoreBehindScores): a work tile's output is rounded when its
+//   last product is done, but written to shared memory and handed to the copy engine only once the
+//   next work tile's first S = Q K^T is on the tensor cores, so the store no longer delays it.
+// - The odd last tile unmasked (kLeftoverUnmasked): the consumer loop runs its tiles in pairs, and a
+//   tile left over used to run masked; where no tile needs the mask it now runs unmasked.
 // - Each work tile's search (which head, which query tile) divides by numbers fixed for the grid with
 //   a multiply-high and a shift (GridDivisor) instead of the division sequence, whose latency the
 //   consumers wait for between work tiles.
@@ -73,6 +78,8 @@ namespace stage12 {
 //     buffers).
 //   kStoreBehindScores: a work tile's O is stored while the next work tile's first scores are on the
 //     tensor cores, not before they are issued (needs kBackToBack).
+//   kLeftoverUnmasked: where no K/V tile needs the mask, a tile left over after the consumer loop's
+//     pairs runs unmasked (consume_overlapped).
 template <int kConsumers_, int kBlockCols_, int kStages_, bool kRegisterSplit_ = false, bool kPingPong_ = false,
           bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1, bool kBackToBack_ = false,
           bool kStoreBehindScores_ = false, bool kLeftoverUnmasked_ = false>
@@ -638,22 +645,22 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   };
   // The tiles without the mask first, then the rest with it, each loop in pairs so that P's buffers
   // keep their roles: when the unmasked tiles after tile 0 are odd in number, the last of them runs
-  // masked, which costs time but changes nothing.
+  // masked, which costs time but changes nothing. kLeftoverUnmasked: unless no tile needs the mask
+  // (not causal, seq_kv a multiple of Bc), where it runs unmasked on its own.
   int j = 1;
   for (; j + 1 < first_masked; j += 2) {
     step(j, p_even, p_odd, Unmasked{});
     step(j + 1, p_odd, p_even, Unmasked{});
   }
-  // kLeftoverUnmasked: one unmasked tile left over runs alone, unmasked; the masked tile after it
-  // reads p_odd, and the masked pairs after that have their usual roles.
-  const bool leftover = Config::kLeftoverUnmasked && j < first_masked && j < w.num_tiles;
-  if (leftover) step(j++, p_even, p_odd, Unmasked{});
-  if (leftover && j < w.num_tiles) step(j++, p_odd, p_even, Masked{});
   for (; j + 1 < w.num_tiles; j += 2) {
     step(j, p_even, p_odd, Masked{});
     step(j + 1, p_odd, p_even, Masked{});
   }
-  if (j < w.num_tiles) step(j, p_even, p_odd, Masked{});
+  if (Config::kLeftoverUnmasked && j < first_masked) {
+    if (j < w.num_tiles) step(j, p_even, p_odd, Unmasked{});
+  } else if (j < w.num_tiles) {
+    step(j, p_even, p_odd, Masked{});
+  }
 
   // The last tile's O += P V. Its P is in p_odd when the last tile's index is odd: selected into
   // p_even without a branch (a wgmma on each side of one made ptxas serialize them, message C7520).
