@@ -67,6 +67,8 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kPersistent: return variant_forward<stage12::Variant::kPersistent>;
     case stage12::Variant::kTilePairs: return variant_forward<stage12::Variant::kTilePairs>;
     case stage12::Variant::kBackToBack: return variant_forward<stage12::Variant::kBackToBack>;
+    case stage12::Variant::kStoreBehindScores: return variant_forward<stage12::Variant::kStoreBehindScores>;
+    case stage12::Variant::kLeftoverUnmasked: return variant_forward<stage12::Variant::kLeftoverUnmasked>;
   }
   return nullptr;
 }
@@ -96,14 +98,17 @@ std::vector<VariantCase> variant_cases() {
   // (the ring and Q carried over, odd and even tile counts), and causal work tiles that see no key
   // (seq_q > seq_kv) between tiles that do. In pairs (kTilePairs), 3 query tiles a head leave the
   // middle one without a partner. Back to back (kBackToBack), the turns and O's store carry over
-  // those tiles too.
+  // those tiles too; with kStoreBehindScores, O's store moves into the next work tile, past the tiles
+  // that see no key; with kLeftoverUnmasked, 4 K/V tiles leave one after the pairs, unmasked.
   const int many_tiles[][5] = {
       {4, 40, 8, 300, 257},  // 480 work tiles of 3 K/V tiles or fewer (causal)
       {3, 48, 48, 129, 63},  // 288 work tiles; causal: the first 66 rows of each head see no key
       {4, 40, 8, 400, 100},  // causal: query tiles 0 and 1 of each head see no key, each second in its pair
+      {3, 48, 16, 256, 512},  // 288 work tiles of 4 K/V tiles, none masked when not causal
   };
   for (stage12::Variant variant :
-       {stage12::Variant::kPersistent, stage12::Variant::kTilePairs, stage12::Variant::kBackToBack})
+       {stage12::Variant::kPersistent, stage12::Variant::kTilePairs, stage12::Variant::kBackToBack,
+        stage12::Variant::kStoreBehindScores, stage12::Variant::kLeftoverUnmasked})
     for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
       for (int head_dim : {64, 128})
         for (const auto& s : many_tiles)

@@ -172,7 +172,8 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
 
 // The configurations the lesson measures, each adding one piece to the one before
 // (HopperConfig<consumers, keys per tile, stages, register split, ping-pong, intra overlap, TMA store,
-// Q buffers, back to back>); the persistent ones also differ in their Schedule (forward_variant).
+// Q buffers, back to back, store behind the next scores, odd last tile unmasked>); the persistent ones
+// also differ in their Schedule (forward_variant).
 using VariantA = HopperConfig<1, 128, 2>;
 using VariantTwoConsumers = HopperConfig<2, 128, 2>;
 using VariantRegisterSplit = HopperConfig<2, 128, 2, true>;
@@ -181,6 +182,8 @@ using VariantIntraOverlap = HopperConfig<2, 128, 2, true, true, true>;
 using VariantTmaStore = HopperConfig<2, 128, 2, true, true, true, true>;
 using VariantPersistent = HopperConfig<2, 128, 2, true, true, true, true, 2>;  // and query tiles in pairs
 using VariantBackToBack = HopperConfig<2, 128, 2, true, true, true, true, 2, true>;
+using VariantStoreBehindScores = HopperConfig<2, 128, 2, true, true, true, true, 2, true, true>;
+using VariantLeftoverUnmasked = HopperConfig<2, 128, 2, true, true, true, true, 2, true, true, true>;
 
 template <class Config>
 flash::Status launch_config(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
@@ -235,6 +238,8 @@ const char* variant_name(Variant variant) {
     case Variant::kPersistent: return "+ persistent blocks";
     case Variant::kTilePairs: return "+ query tiles in pairs, head by head";
     case Variant::kBackToBack: return "+ work tiles back to back";
+    case Variant::kStoreBehindScores: return "+ O stored behind the next scores";
+    case Variant::kLeftoverUnmasked: return "+ odd last tile unmasked";
   }
   return "unknown variant";
 }
@@ -275,6 +280,14 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
     case Variant::kBackToBack:
       return launch_config<VariantBackToBack>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
                                               scale, causal, dtype, stream, Schedule::kPersistentPairs);
+    case Variant::kStoreBehindScores:
+      return launch_config<VariantStoreBehindScores>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                                     head_dim, scale, causal, dtype, stream,
+                                                     Schedule::kPersistentPairs);
+    case Variant::kLeftoverUnmasked:
+      return launch_config<VariantLeftoverUnmasked>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                                    head_dim, scale, causal, dtype, stream,
+                                                    Schedule::kPersistentPairs);
     case Variant::kTmaStore:
     default:  // every other value is named above; kRegistered became kRegisteredVariant
       return launch_config<VariantTmaStore>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,

@@ -34,12 +34,14 @@ enum class Variant : int {
   kTmaStore,       // version B writing O through shared memory with a TMA store
   kPersistent,     // one block per SM taking work tiles in turn, with two Q buffers
   kTilePairs,      // causal, with more heads than half the SMs, query tiles in pairs, head by head
-  kBackToBack,     // the last: the consumers' turns and O's store carry over from one work tile to the next
+  kBackToBack,     // the consumers' turns and O's store carry over from one work tile to the next
+  kStoreBehindScores,  // O is stored while the next work tile's first scores run
+  kLeftoverUnmasked,   // the last: a tile left over after the loop's pairs runs unmasked where none needs the mask
 };
 // How many Variant values there are, kRegistered included.
-constexpr int kVariantCount = 10;
+constexpr int kVariantCount = 12;
 // The configuration forward() runs: every piece switched on.
-constexpr Variant kRegisteredVariant = Variant::kBackToBack;
+constexpr Variant kRegisteredVariant = Variant::kLeftoverUnmasked;
 
 // "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
 const char* variant_name(Variant variant);

@@ -39,6 +39,11 @@
 //   work tile without meeting in between. The ping-pong turns carry over from one work tile to the
 //   next, and the thread that stored O waits for the copy engine to read it during the next work tile,
 //   not before it.
+// - O stored behind the next scores (kStoreBehindScores): a work tile's output is rounded when its
+//   last product is done, but written to shared memory and handed to the copy engine only once the
+//   next work tile's first S = Q K^T is on the tensor cores, so the store no longer delays it.
+// - The odd last tile unmasked (kLeftoverUnmasked): the consumer loop runs its tiles in pairs, and a
+//   tile left over used to run masked; where no tile needs the mask it now runs unmasked.
 // - Each work tile's search (which head, which query tile) divides by numbers fixed for the grid with
 //   a multiply-high and a shift (GridDivisor) instead of the division sequence, whose latency the
 //   consumers wait for between work tiles.
@@ -71,8 +76,13 @@ namespace stage12 {
 //   kBackToBack: the consumers' turns and O's store carry over from one work tile to the next (a
 //     persistent grid's; needs the ping-pong, the intra-warpgroup overlap, the TMA store and two Q
 //     buffers).
+//   kStoreBehindScores: a work tile's O is stored while the next work tile's first scores are on the
+//     tensor cores, not before they are issued (needs kBackToBack).
+//   kLeftoverUnmasked: where no K/V tile needs the mask, a tile left over after the consumer loop's
+//     pairs runs unmasked (consume_overlapped).
 template <int kConsumers_, int kBlockCols_, int kStages_, bool kRegisterSplit_ = false, bool kPingPong_ = false,
-          bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1, bool kBackToBack_ = false>
+          bool kIntraOverlap_ = false, bool kTmaStore_ = false, int kQStages_ = 1, bool kBackToBack_ = false,
+          bool kStoreBehindScores_ = false, bool kLeftoverUnmasked_ = false>
 struct HopperConfig {
   static constexpr int kConsumers = kConsumers_;
   static constexpr int kBlockRows = 64 * kConsumers;
@@ -84,6 +94,8 @@ struct HopperConfig {
   static constexpr bool kTmaStore = kTmaStore_;
   static constexpr int kQStages = kQStages_;
   static constexpr bool kBackToBack = kBackToBack_;
+  static constexpr bool kStoreBehindScores = kStoreBehindScores_;
+  static constexpr bool kLeftoverUnmasked = kLeftoverUnmasked_;
   // The consumers come first (warpgroups 0 .. kConsumers - 1, each starting at a warp index
   // divisible by 4, as wgmma requires), the producer after them.
   static constexpr int kProducerThreads = kRegisterSplit ? 128 : 32;
@@ -95,6 +107,7 @@ struct HopperConfig {
   static_assert(!kPingPong || kConsumers == 2, "ping-pong needs two consumer warpgroups");
   static_assert(!kBackToBack || (kPingPong && kIntraOverlap && kTmaStore && kQStages == 2),
                 "back to back carries over the ping-pong's turns and the TMA store, into the other Q buffer");
+  static_assert(!kStoreBehindScores || kBackToBack, "the store moves into the next work tile: back to back");
 };
 
 namespace kernel_detail {
@@ -529,11 +542,12 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
 //     consumer 1's last arrival, so both barriers end as they started. With kBackToBack the kernel
 //     does both, once for all its work tiles: the turns run on from one work tile to the next.
 // Tile 0 is taken apart before the loop (no product before it), so that no branch sits between a
-// wgmma and its wait inside an iteration. after_first_tile() runs once tile 0's softmax is done.
-template <typename Element, int kHeadDim, bool kCausal, class Config, class AfterFirstTile>
+// wgmma and its wait inside an iteration. behind_first_scores() runs while tile 0's scores are on
+// the tensor cores (it must not touch s); after_first_tile() once tile 0's softmax is done.
+template <typename Element, int kHeadDim, bool kCausal, class Config, class BehindFirstScores, class AfterFirstTile>
 __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, const ConsumerWork& w,
                                    float (&o)[kHeadDim / 2], float (&row_max2)[2], float (&row_sum)[2],
-                                   AfterFirstTile after_first_tile) {
+                                   BehindFirstScores behind_first_scores, AfterFirstTile after_first_tile) {
   constexpr bool kTurnsPerWorkTile = Config::kPingPong && !Config::kBackToBack;
   constexpr int kBlockCols = Config::kBlockCols;
   constexpr int kStages = Config::kStages;
@@ -582,6 +596,7 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     issue_scores<Element, kHeadDim, Config>(s, sm.q(w.q_round, w.consumer, 0), sm.k(slot(0), 0));
     wgmma_commit_group();
     if (Config::kPingPong) pass_turn(w.consumer);
+    behind_first_scores();
     wgmma_wait_group<0>();
     fence_registers(s);
     release(sm.k_empty(slot(0)), lane);
@@ -630,7 +645,8 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   };
   // The tiles without the mask first, then the rest with it, each loop in pairs so that P's buffers
   // keep their roles: when the unmasked tiles after tile 0 are odd in number, the last of them runs
-  // masked, which costs time but changes nothing.
+  // masked, which costs time but changes nothing. kLeftoverUnmasked: unless no tile needs the mask
+  // (not causal, seq_kv a multiple of Bc), where it runs unmasked on its own.
   int j = 1;
   for (; j + 1 < first_masked; j += 2) {
     step(j, p_even, p_odd, Unmasked{});
@@ -640,7 +656,11 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
     step(j, p_even, p_odd, Masked{});
     step(j + 1, p_odd, p_even, Masked{});
   }
-  if (j < w.num_tiles) step(j, p_even, p_odd, Masked{});
+  if (Config::kLeftoverUnmasked && j < first_masked) {
+    if (j < w.num_tiles) step(j, p_even, p_odd, Unmasked{});
+  } else if (j < w.num_tiles) {
+    step(j, p_even, p_odd, Masked{});
+  }
 
   // The last tile's O += P V. Its P is in p_odd when the last tile's index is odd: selected into
   // p_even without a branch (a wgmma on each side of one made ptxas serialize them, message C7520).
@@ -702,22 +722,48 @@ __device__ inline void store_output(Element* o_head, float* lse_head, const floa
   }
 }
 
-// kTmaStore's epilogue. The warpgroup writes its O tile, normalized and rounded, into its own Q
-// buffer in the layout the copy engine loaded Q in: 64-column panels of 128-byte rows, the 16-byte
-// chunk c of row r at chunk c ^ (r % 8) (the 128-byte swizzle). Each warp store is then free of
-// bank conflicts: its 8 rows put their chunks in 8 different places of the 128-byte line. After a
-// proxy fence and the warpgroup's barrier, one thread issues the TMA store of each panel; the copy
-// engine skips the rows past seq_q (outside the tensor map) and writes whole 128-byte lines, where
-// the per-thread stores of store_output write 16 bytes of each of 8 rows per instruction. The same
-// thread releases Q's buffer once the engine has read it (bulk_wait_read), which a block must also
-// wait for before it exits. lse is written as in store_output. With kBackToBack the thread does
-// not wait here: the copy engine reads while the warpgroup starts its next work tile, and the
-// kernel waits and releases the buffer during that work tile (the consumer loop's release_stored_q).
+// O normalized and rounded to Element, as kTmaStore's epilogue writes it: words[h][i] holds this
+// thread's two adjacent elements of 8-column block i of its row h; sum[h] is the row's sum over its
+// 4 threads. (Ordinary instructions define these registers: kStoreBehindScores keeps them while
+// the next work tile's scores are in flight, where the output accumulators themselves, defined by
+// wgmma, made ptxas wait for the scores first, its message C7517.)
+template <int kHeadDim>
+struct RoundedOutput {
+  uint32_t words[2][kHeadDim / 8];
+  float row_max2[2], sum[2];
+};
+
+template <typename Element, int kHeadDim>
+__device__ inline RoundedOutput<kHeadDim> round_output(const float (&o)[kHeadDim / 2], const float (&row_max2)[2],
+                                                      const float (&row_sum)[2]) {
+  RoundedOutput<kHeadDim> r;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    r.sum[h] = sum_over_row_lanes(row_sum[h]);
+    r.row_max2[h] = row_max2[h];
+    const float normalizer = row_normalizer(r.sum[h]);
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i)
+      r.words[h][i] = pack2<Element>(o[4 * i + 2 * h] * normalizer, o[4 * i + 2 * h + 1] * normalizer);
+  }
+  return r;
+}
+
+// kTmaStore's epilogue. The warpgroup writes its O tile (round_output) into its own Q buffer in the
+// layout the copy engine loaded Q in: 64-column panels of 128-byte rows, the 16-byte chunk c of row r
+// at chunk c ^ (r % 8) (the 128-byte swizzle). Each warp store is then free of bank conflicts: its 8
+// rows put their chunks in 8 different places of the 128-byte line. After a proxy fence and the
+// warpgroup's barrier, one thread issues the TMA store of each panel; the copy engine skips the rows
+// past seq_q (outside the tensor map) and writes whole 128-byte lines, where the per-thread stores of
+// store_output write 16 bytes of each of 8 rows per instruction. The same thread releases Q's buffer
+// once the engine has read it (bulk_wait_read), which a block must also wait for before it exits. lse
+// is written as in store_output. With kBackToBack the thread does not wait here: the copy engine
+// reads while the warpgroup starts its next work tile, and the kernel waits and releases the buffer
+// during that work tile (the consumer loop's release_stored_q).
 template <typename Element, int kHeadDim, class Config>
 __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& sm, const CUtensorMap* o_map,
                                         int q_round, int consumer, int first_row, int bh, float* lse_head,
-                                        const float (&o)[kHeadDim / 2], const float (&row_max2)[2],
-                                        const float (&row_sum)[2], int seq_q) {
+                                        const RoundedOutput<kHeadDim>& out, int seq_q) {
   using L = SharedLayout<kHeadDim, Config>;
   constexpr int kChunkBytes = 16;  // the unit the 128-byte swizzle permutes (kSwizzleBytes)
   constexpr int kChunksPerRow = kSwizzleBytes / kChunkBytes;  // 8: one chunk per 8-column block
@@ -726,17 +772,14 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float sum = sum_over_row_lanes(row_sum[h]);
-    const float normalizer = row_normalizer(sum);
     const int tile_row = 16 * warp + g + 8 * h;               // tile_row % 8 == g
 #pragma unroll
     for (int i = 0; i < kHeadDim / 8; ++i) {
       unsigned char* line = sm.q(q_round, consumer, i / kChunksPerRow) + tile_row * kSwizzleBytes;
-      *reinterpret_cast<uint32_t*>(line + ((i % kChunksPerRow) ^ g) * kChunkBytes + 4 * t) =
-          pack2<Element>(o[4 * i + 2 * h] * normalizer, o[4 * i + 2 * h + 1] * normalizer);
+      *reinterpret_cast<uint32_t*>(line + ((i % kChunksPerRow) ^ g) * kChunkBytes + 4 * t) = out.words[h][i];
     }
     const int row = first_row + tile_row;
-    if (lse_head && t == 0 && row < seq_q) lse_head[row] = row_lse(row_max2[h], sum);
+    if (lse_head && t == 0 && row < seq_q) lse_head[row] = row_lse(out.row_max2[h], out.sum[h]);
   }
   hopper::fence_proxy_async_shared();  // the stores above, before the copy engine reads them
   warpgroup_sync(consumer);
@@ -928,6 +971,25 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         stored_round = -1;
       }
     };
+    // kStoreBehindScores: the last work tile's output (round -1 when there is none), stored while the
+    // next work tile's first scores are on the tensor cores (consume_overlapped's behind_first_scores),
+    // or after the loop: its normalization, its writes to shared memory and the warpgroup's barrier
+    // then no longer stand between the last P V product and the next S = Q K^T.
+    struct FinishedOutput {
+      RoundedOutput<kHeadDim> out;
+      int round = -1, first_row, bh;
+    } finished;
+    auto store_finished = [&] {
+      if constexpr (Config::kStoreBehindScores) {
+        if (finished.round < 0) return;
+        release_stored_q();
+        float* lse_head = lse ? lse + static_cast<long long>(finished.bh) * seq_q : nullptr;
+        store_output_tma<Element, kHeadDim, Config>(sm, &o_map, finished.round, warpgroup, finished.first_row,
+                                                    finished.bh, lse_head, finished.out, seq_q);
+        stored_round = finished.round;
+        finished.round = -1;
+      }
+    };
     int ring = 0, q_round = 0;
     for (int step = 0; step < num_steps; ++step) {
       WorkTile t;
@@ -948,19 +1010,29 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       float row_sum[2] = {0.0f, 0.0f};
       if (t.num_tiles > 0) {
         if constexpr (Config::kPingPong || Config::kIntraOverlap)
-          consume_overlapped<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum, release_stored_q);
+          consume_overlapped<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum, store_finished,
+                                                                 release_stored_q);
         else
           consume_in_order<Element, kHeadDim, kCausal, Config>(sm, w, acc_o, row_max2, row_sum);
         ring += t.num_tiles;
         ++q_round;
+        if constexpr (Config::kStoreBehindScores) {
+          // Stored by store_finished. (Kept here, right after the loop, so that the compiler sees the
+          // last output replaced on every path from the store in the next work tile: otherwise both
+          // outputs stay live through the K/V loop.)
+          finished.out = round_output<Element, kHeadDim>(acc_o, row_max2, row_sum);
+          finished.round = w.q_round;
+          finished.first_row = w.first_row;
+          finished.bh = t.bh;
+          continue;
+        }
       }
       float* lse_head = lse ? lse + static_cast<long long>(t.bh) * seq_q : nullptr;
       if (Config::kTmaStore && t.num_tiles > 0) {
         // (A work tile that sees no key has no Q round: the producer skipped it, and its zeros go
         // out through store_output, which leaves Q's buffer and q_empty alone.)
-        store_output_tma<Element, kHeadDim, Config>(sm, &o_map, w.q_round, warpgroup, w.first_row,
-                                                    t.bh, lse_head, acc_o, row_max2, row_sum,
-                                                    seq_q);
+        store_output_tma<Element, kHeadDim, Config>(sm, &o_map, w.q_round, warpgroup, w.first_row, t.bh, lse_head,
+                                                    round_output<Element, kHeadDim>(acc_o, row_max2, row_sum), seq_q);
         if constexpr (Config::kBackToBack) stored_round = w.q_round;
       } else {
         const int lane = threadIdx.x % 32;
@@ -971,6 +1043,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     }
     // kBackToBack: the last store read before the block's shared memory goes, and consumer 1's last
     // pass taken, so that both turn barriers end as they started.
+    store_finished();
     release_stored_q();
     if (Config::kBackToBack && warpgroup == 0) wait_for_turn(0);
   }
