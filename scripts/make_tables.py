@@ -564,6 +564,56 @@ def stage12_after_b_table():
     return "\n".join(lines)
 
 
+# The tenth session's two pieces (bench/results/RUNS.md, 2026-11-26, tenth section): their variants against
+# back to back, in blocks of stage12-variants output under "## call N, DTYPE, head_dim D" headings. Calls 2
+# and 5 ran the registered non-causal kernels of both pieces (the causal kernels of call 5 and of call 3
+# still held the unmasked left-over instance, which the final commit leaves out of causal kernels).
+STORE_BEHIND_FILE = "h100_stage12_store_behind.txt"
+STORE_BEHIND_SLUGS = (variant_slug("+ work tiles back to back"), variant_slug("+ O stored behind the next scores"),
+                      variant_slug("+ odd last tile unmasked"))
+STORE_BEHIND_ODD_CALLS = (2, 5)
+
+
+def load_store_behind():
+    """{call: {(dtype, head_dim, causal, N): {slug: row}}} of STORE_BEHIND_FILE."""
+    calls, call = {}, None
+    for line in (RESULTS / STORE_BEHIND_FILE).read_text().splitlines():
+        heading = re.match(r"## call (\d+),", line)
+        if heading:
+            call = calls.setdefault(int(heading[1]), {})
+            continue
+        m = VARIANTS12_LINE.match(line)
+        if m and call is not None:
+            call.setdefault((m[1], int(m[2]), m[3] == "1", int(m[4])), {})[variant_slug(m[5])] = {
+                "ms": float(m[6]), "tflops": float(m[7])}
+    return calls
+
+
+def stage12_store_behind_table():
+    """Each piece's step, call by call: back to back over the store behind the next scores, and (not
+    causal) the store behind over the odd last tile unmasked."""
+    calls = load_store_behind()
+    b2b, behind, odd = STORE_BEHIND_SLUGS
+    lines = ["| dtype | head_dim | causal | N | store behind / back to back, calls " + ", ".join(map(str, calls))
+             + " | odd tile unmasked / store behind, calls " + ", ".join(map(str, STORE_BEHIND_ODD_CALLS)) + " |",
+             "|---|---|---|---|---|---|"]
+    for tag in ("bf16", "fp16"):
+        for d in (128, 64):
+            for causal in (False, True):
+                for n in VARIANTS12_SEQS:
+                    key = (tag, d, causal, n)
+                    steps = [f"{c[key][b2b]['ms'] / c[key][behind]['ms']:.3f}" for c in calls.values() if key in c]
+                    odd_steps = [f"{calls[c][key][behind]['ms'] / calls[c][key][odd]['ms']:.3f}"
+                                 for c in STORE_BEHIND_ODD_CALLS if key in calls.get(c, {})]
+                    lines.append(f"| {tag} | {d} | {'yes' if causal else 'no'} | {n} | {', '.join(steps)} | "
+                                 + (", ".join(odd_steps) if not causal else "(not in causal kernels)") + " |")
+    lines.append("")
+    lines.append("Each step is the time of the row before over the row's own, in the same block of "
+                 "`stage12-variants` (above 1: the piece helps); call 5 ran head_dim 64 only. From "
+                 f"`bench/results/{STORE_BEHIND_FILE}` (commands: `bench/results/RUNS.md`, tenth section).")
+    return "\n".join(lines)
+
+
 def stage12_compare_table():
     """Stage 12's forward in bench/compare.py's runs: TFLOP/s, and its speed over stage 10,
     FlashAttention-2 (sdpa-flash) and cuDNN (sdpa-cudnn) in the same run, bf16 and fp16."""
@@ -811,17 +861,18 @@ def ptxas_stage12_entries():
     """Stage 12's kernels in ptxas_sm90.txt (compiled for sm_90a): (dtype, head_dim, causal, config) ->
     (registers, stack, spill stores, spill loads); config is HopperConfig's arguments joined by '-'
     (consumers, keys per tile, stages, then setmaxnreg, ping-pong, overlap, TMA store as 0/1, then Q
-    buffers, then back to back as 0/1), e.g. 2-128-2-0-0-0-0-1-0."""
+    buffers, then back to back, store behind the next scores, odd last tile unmasked as 0/1), e.g.
+    2-128-2-0-0-0-0-1-0-0-0."""
     text = (RESULTS / "ptxas_sm90.txt").read_text()
     entry = re.compile(r"Function properties for _ZN7stage1213hopper_kernelI(6__half|13__nv_bfloat16)Li(\d+)ELb([01])E"
-                       r"NS_12HopperConfigILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])ELb([01])ELi(\d+)ELb([01])E\w*\n"
+                       r"NS_12HopperConfigILi(\d+)ELi(\d+)ELi(\d+)ELb([01])ELb([01])ELb([01])ELb([01])ELi(\d+)ELb([01])ELb([01])ELb([01])E\w*\n"
                        r"\s*(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\nptxas info\s*: "
                        r"Used (\d+) registers")
     out = {}
     for m in entry.finditer(text):
         dtype = "fp16" if m[1] == "6__half" else "bf16"
-        out[(dtype, int(m[2]), m[3] == "1", "-".join(m[i] for i in range(4, 13)))] = tuple(
-            int(m[i]) for i in (16, 13, 14, 15))
+        out[(dtype, int(m[2]), m[3] == "1", "-".join(m[i] for i in range(4, 15)))] = tuple(
+            int(m[i]) for i in (18, 15, 16, 17))
     if not out:
         raise KeyError("stage 12 in ptxas_sm90.txt")
     return out
@@ -1587,7 +1638,7 @@ def tables():
                "stage12-variants-d128": lambda: stage12_variants_table(128),
                "stage12-steps": stage12_steps_table, "stage12-after-b": stage12_after_b_table,
                "ncu-stage12": ncu_stage12_table,
-               "stage12-compare": stage12_compare_table}
+               "stage12-compare": stage12_compare_table, "stage12-store-behind": stage12_store_behind_table}
     for name, make in stage12.items():
         try:
             out[name] = make()
@@ -1708,8 +1759,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       runner/SS/COLUMN                  a cell of h100_runner.txt (time_ms, tflops, err_vs_prev, err_vs_ref)
       runner-max/AA-BB/COLUMN           the largest err_vs_ref (or other number column) of stages AA..BB
       ptxas12/dD/cC/CONFIG/WHAT         the same of stage 12's kernel with HopperConfig CONFIG (e.g.
-                                        2-128-2-0-0-0-0-1-0: two consumers, 128 keys, 2 stages, none of
-                                        the pieces after them, one Q buffer), the largest over bf16 and fp16
+                                        2-128-2-0-0-0-0-1-0-0-0: two consumers, 128 keys, 2 stages, none
+                                        of the pieces after them, one Q buffer), the largest over bf16 and fp16
       ptxas12-spilling                  how many of stage 12's kernels spill: "K of M"
       ptxas/SS/KERNEL/dD/WHAT           registers, stack, spill-stores, spill-loads of a kernel (e.g.
                                         online_softmax_attention_kernel, dk_dv_kernel) in ptxas_sm90.txt;
