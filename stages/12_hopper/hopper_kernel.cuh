@@ -39,14 +39,14 @@
 //   work tile without meeting in between. The ping-pong turns carry over from one work tile to the
 //   next, and the thread that stored O waits for the copy engine to read it during the next work tile,
 //   not before it.
+// - Each work tile's search (which head, which query tile) divides by numbers fixed for the grid with
+//   a multiply-high and a shift (GridDivisor) instead of the division sequence, whose latency the
+//   consumers wait for between work tiles.
 // - O stored behind the next scores (kStoreBehindScores): a work tile's output is rounded when its
 //   last product is done, but written to shared memory and handed to the copy engine only once the
 //   next work tile's first S = Q K^T is on the tensor cores, so the store no longer delays it.
 // - The odd last tile unmasked (kLeftoverUnmasked): the consumer loop runs its tiles in pairs, and a
 //   tile left over used to run masked; where no tile needs the mask it now runs unmasked.
-// - Each work tile's search (which head, which query tile) divides by numbers fixed for the grid with
-//   a multiply-high and a shift (GridDivisor) instead of the division sequence, whose latency the
-//   consumers wait for between work tiles.
 // - The softmax itself is stage 10's: base 2, the scale inside the exp2's FFMA, a negative scale
 //   folded into Q in shared memory (which, between two async-proxy accesses, needs a proxy fence).
 //   It reads the scores and writes the probabilities straight into P's registers. Whether a tile is
@@ -972,10 +972,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         stored_round = -1;
       }
     };
-    // kStoreBehindScores: the last work tile's output (round -1 when there is none), stored while the
-    // next work tile's first scores are on the tensor cores (consume_overlapped's behind_first_scores),
-    // or after the loop: its normalization, its writes to shared memory and the warpgroup's barrier
-    // then no longer stand between the last P V product and the next S = Q K^T.
+    // kStoreBehindScores: the last work tile's output, rounded (round -1 when there is none), stored
+    // while the next work tile's first scores are on the tensor cores (consume_overlapped's
+    // behind_first_scores), or after the loop: its writes to shared memory, the proxy fence and the
+    // warpgroup's barrier then no longer stand between the last P V product and the next S = Q K^T.
     struct FinishedOutput {
       RoundedOutput<kHeadDim> out;
       int round = -1, first_row, bh;
@@ -1018,9 +1018,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
         ring += t.num_tiles;
         ++q_round;
         if constexpr (Config::kStoreBehindScores) {
-          // Stored by store_finished. (Kept here, right after the loop, so that the compiler sees the
-          // last output replaced on every path from the store in the next work tile: otherwise both
-          // outputs stay live through the K/V loop.)
+          // Stored by store_finished. (Kept in this branch, right after consume_overlapped, so that the
+          // compiler sees the kept output replaced on every path from the store in the next work
+          // tile: otherwise both outputs stay live through the K/V loop.)
           finished.out = round_output<Element, kHeadDim>(acc_o, row_max2, row_sum);
           finished.round = w.q_round;
           finished.first_row = w.first_row;
