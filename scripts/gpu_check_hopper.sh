@@ -56,7 +56,7 @@ tests_phase() {
 
 sanitize() {
   # Every stage12::Variant but kRegistered (0), which is one of them (hopper.h).
-  for v in 1 2 3 4 5 6 7 8 9; do
+  for v in 1 2 3 4 5 6 7 8 9 10 11; do
     for dtype in bf16 fp16; do
       for tool in memcheck racecheck synccheck initcheck; do
         if timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $tests \
