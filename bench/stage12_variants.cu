@@ -4,9 +4,11 @@
 // built for reference. Lesson 12's table "each piece switched on" comes from this program's output.
 // Needs a Hopper GPU (compute capability 9.0) and a build with stage 12's sm_90a code.
 //
-//   build/bin/stage12-variants [--json] [--dtype bf16|fp16] [--head-dim 64|128]
+//   build/bin/stage12-variants [--json] [--dtype bf16|fp16] [--head-dim 64|128] [--seq N]
 // (--dtype and --head-dim keep one part of the grid: the inputs of each shape are made on the host,
-// which takes most of the program's time.)
+// which takes most of the program's time; --seq times one sequence length, any N >= 1, instead of
+// 1024, 4096 and 16384.)
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +40,7 @@ int main(int argc, char** argv) {
   bool json = false;
   const char* only_dtype = nullptr;
   int only_head_dim = 0;
+  std::vector<int> seqs = {1024, 4096, 16384};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
@@ -45,8 +48,10 @@ int main(int argc, char** argv) {
       only_dtype = argv[++i];
     } else if (std::strcmp(argv[i], "--head-dim") == 0 && i + 1 < argc) {
       only_head_dim = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--seq") == 0 && i + 1 < argc && std::atoi(argv[i + 1]) >= 1) {
+      seqs = {std::atoi(argv[++i])};
     } else {
-      std::fprintf(stderr, "usage: stage12-variants [--json] [--dtype bf16|fp16] [--head-dim 64|128]\n");
+      std::fprintf(stderr, "usage: stage12-variants [--json] [--dtype bf16|fp16] [--head-dim 64|128] [--seq N]\n");
       return kExitUsage;
     }
   }
@@ -65,12 +70,12 @@ int main(int argc, char** argv) {
   for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
     for (int head_dim : {64, 128})
       for (bool causal : {false, true})
-        for (int seq : {1024, 4096, 16384}) {
+        for (int seq : seqs) {
           if ((only_dtype && std::strcmp(only_dtype, flash::dtype_name(dtype)) != 0) ||
               (only_head_dim != 0 && only_head_dim != head_dim))
             continue;
           harness::Problem p;
-          p.batch = kTokens / seq;
+          p.batch = std::max(1, kTokens / seq);
           p.heads_q = p.heads_kv = kHeadsTimesDim / head_dim;
           p.seq_q = p.seq_kv = seq;
           p.head_dim = head_dim;

@@ -348,6 +348,7 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
 #define FLASH_WGMMA_ACC32(d, i) \
   FLASH_WGMMA_ACC8(d, (i) + 0), FLASH_WGMMA_ACC8(d, (i) + 8), FLASH_WGMMA_ACC8(d, (i) + 16), FLASH_WGMMA_ACC8(d, (i) + 24)
 #define FLASH_WGMMA_ACC64(d) FLASH_WGMMA_ACC32(d, 0), FLASH_WGMMA_ACC32(d, 32)
+#define FLASH_WGMMA_ACC80(d) FLASH_WGMMA_ACC32(d, 0), FLASH_WGMMA_ACC32(d, 32), FLASH_WGMMA_ACC8(d, 64), FLASH_WGMMA_ACC8(d, 72)
 // Their placeholders in the instruction text.
 #define FLASH_WGMMA_D32                                                                                            \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
@@ -356,6 +357,11 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \
   "%24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, "  \
   "%46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define FLASH_WGMMA_D80 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, " \
+  "%22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, " \
+  "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
+  "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}"
 
 // wgmma.mma_async with A and B from shared memory
 // (asynchronous-warpgroup-level-matrix-instructions-wgmma-mma-async):
@@ -390,11 +396,11 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
                  "n"(kTransB))
 /// \endcond
 
-// D (64 x N) (+)= A (64 x 16, shared memory, desc_a) * B (16 x N, shared memory, desc_b), N = 64 or
-// 128, fp32 accumulators d[N / 2]. kScaleA: 1, or -1 to negate A. kTransB: 0 K-major B, 1 MN-major.
+// D (64 x N) (+)= A (64 x 16, shared memory, desc_a) * B (16 x N, shared memory, desc_b), N = 64,
+// 128 or 160, fp32 accumulators d[N / 2]. kScaleA: 1, or -1 to negate A. kTransB: 0 K-major B, 1 MN-major.
 template <typename Element, int N, int kScaleA, int kTransB>
 __device__ inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(N == 64 || N == 128, "stage 12 uses N = 64 and N = 128");
+  static_assert(N == 64 || N == 128 || N == 160, "stage 12 uses N = 64, 128 and 160");
   static_assert(kScaleA == 1 || kScaleA == -1, "imm-scale-a is 1 or -1");
   static_assert(kTransB == 0 || kTransB == 1, "imm-trans-b is 0 or 1");
 #if FLASH_HOPPER_SM90A
@@ -403,13 +409,18 @@ __device__ inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t des
       FLASH_WGMMA_SS("m64n64k16", "bf16", FLASH_WGMMA_D32, FLASH_WGMMA_ACC32(d, 0), "32", "33", "34", "35", "36");
     else
       FLASH_WGMMA_SS("m64n64k16", "f16", FLASH_WGMMA_D32, FLASH_WGMMA_ACC32(d, 0), "32", "33", "34", "35", "36");
-  } else {
+  } else if constexpr (N == 128) {
     if constexpr (std::is_same_v<Element, __nv_bfloat16>)
       FLASH_WGMMA_SS("m64n128k16", "bf16", FLASH_WGMMA_D64, FLASH_WGMMA_ACC64(d), "64",
                      "65", "66", "67", "68");
     else
       FLASH_WGMMA_SS("m64n128k16", "f16", FLASH_WGMMA_D64, FLASH_WGMMA_ACC64(d), "64",
                      "65", "66", "67", "68");
+  } else {
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>)
+      FLASH_WGMMA_SS("m64n160k16", "bf16", FLASH_WGMMA_D80, FLASH_WGMMA_ACC80(d), "80", "81", "82", "83", "84");
+    else
+      FLASH_WGMMA_SS("m64n160k16", "f16", FLASH_WGMMA_D80, FLASH_WGMMA_ACC80(d), "80", "81", "82", "83", "84");
   }
 #else
   (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
@@ -447,8 +458,10 @@ __device__ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint6
 #undef FLASH_WGMMA_RS
 #undef FLASH_WGMMA_D32
 #undef FLASH_WGMMA_D64
+#undef FLASH_WGMMA_D80
 #undef FLASH_WGMMA_ACC8
 #undef FLASH_WGMMA_ACC32
 #undef FLASH_WGMMA_ACC64
+#undef FLASH_WGMMA_ACC80
 
 }  // namespace hopper

@@ -1,7 +1,7 @@
 // Stage 12 (Hopper) on the GPU, one kernel configuration at a time: every variant the lesson
 // measures (stage12::Variant, from version A to the registered version B) on shapes that reach every
 // path of the kernel: one row and one key, lengths that are not multiples of the 64-row query tiles
-// or the 128-key K/V tiles, seq_q != seq_kv both ways (causal rows that see no key), a block whose
+// or the 128- and 160-key K/V tiles, seq_q != seq_kv both ways (causal rows that see no key), a block whose
 // second consumer warpgroup has no rows, GQA and MQA, several K/V tiles through the 2-buffer ring,
 // both dtypes and head_dims, causal and not, a negative scale (Q negated in shared memory). Each is
 // held to FlashAttention's half-precision rule against the fp64 reference and to the agreement
@@ -69,6 +69,7 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kBackToBack: return variant_forward<stage12::Variant::kBackToBack>;
     case stage12::Variant::kStoreBehindScores: return variant_forward<stage12::Variant::kStoreBehindScores>;
     case stage12::Variant::kLeftoverUnmasked: return variant_forward<stage12::Variant::kLeftoverUnmasked>;
+    case stage12::Variant::kWideKeyTiles: return variant_forward<stage12::Variant::kWideKeyTiles>;
   }
   return nullptr;
 }
@@ -108,7 +109,7 @@ std::vector<VariantCase> variant_cases() {
   };
   for (stage12::Variant variant :
        {stage12::Variant::kPersistent, stage12::Variant::kTilePairs, stage12::Variant::kBackToBack,
-        stage12::Variant::kStoreBehindScores, stage12::Variant::kLeftoverUnmasked})
+        stage12::Variant::kStoreBehindScores, stage12::Variant::kLeftoverUnmasked, stage12::Variant::kWideKeyTiles})
     for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
       for (int head_dim : {64, 128})
         for (const auto& s : many_tiles)
@@ -117,6 +118,22 @@ std::vector<VariantCase> variant_cases() {
             p.dtype = dtype;
             cases.push_back({variant, p});
           }
+  // 160 keys a K/V tile (kWideKeyTiles) at head_dim 64, where seq_kv >= 2048 (causal: 4096); the
+  // shorter shapes above take the 128-key kernel. At head_dim 128, the same shapes on 128 keys.
+  const int long_keys[][5] = {
+      {1, 2, 1, 257, 4133},    // GQA; 26 K/V tiles, the last partial (4133 = 25 * 160 + 133); causal, rows
+                               // whose diagonal falls in one tile or across two
+      {1, 1, 1, 300, 2240},    // 14 tiles of 160 keys: the last, after the pairs, unmasked when not causal
+      {1, 140, 20, 16, 4100},  // 140 work tiles, more than an H100 has SMs, each of 26 K/V tiles
+  };
+  for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
+    for (int head_dim : {64, 128})
+      for (const auto& s : long_keys)
+        for (bool causal : {false, true}) {
+          harness::Problem p{s[0], s[1], s[2], s[3], s[4], head_dim, causal};
+          p.dtype = dtype;
+          cases.push_back({stage12::Variant::kWideKeyTiles, p});
+        }
   // A negative scale (Q negated in shared memory, with its proxy fence) for every variant.
   for (int v = 1; v < stage12::kVariantCount; ++v) {
     harness::Problem p{2, 4, 2, 129, 200, 128, true};

@@ -184,20 +184,38 @@ using VariantPersistent = HopperConfig<2, 128, 2, true, true, true, true, 2>;  /
 using VariantBackToBack = HopperConfig<2, 128, 2, true, true, true, true, 2, true>;
 using VariantStoreBehindScores = HopperConfig<2, 128, 2, true, true, true, true, 2, true, true>;
 using VariantLeftoverUnmasked = HopperConfig<2, 128, 2, true, true, true, true, 2, true, true, true>;
+// kWideKeyTiles: at head_dim 64, 160 keys per K/V tile on long sequences (wide_key_tiles).
+using VariantWideKeyTiles = HopperConfig<2, 160, 2, true, true, true, true, 2, true, true, true>;
 
-template <class Config>
+// At head_dim 64 a 64 x 128 tile's softmax costs as much as at 128 while its products halve; a wider
+// tile spreads each K/V tile's fixed costs (the waits, the turns, the row maxima across lanes, the
+// rescale) over more keys. 160 is the widest that fits: with two P buffers of 160 keys, the scores
+// and the output, ptxas reports no spill, where 192 keys spill and serialize the wgmma (its message
+// C7512); so do 160 keys at head_dim 128, whose output takes 32 registers more: it keeps 128. The
+// wide tile costs where a sequence is short: seq_kv = 1024 is 6.4 tiles of 160 keys, the last one
+// masked, and causal rows meet the diagonal in one or two masked tiles of the few they see. The
+// thresholds are not derived: they separate the cells where 160 keys were measured to gain from
+// those where they lost (lesson 12, "160 keys a tile at head_dim 64").
+constexpr int kWideTileMinKeys = 2048;
+constexpr int kWideTileMinKeysCausal = 4096;
+bool wide_key_tiles(int seq_kv, bool causal) {
+  return seq_kv >= (causal ? kWideTileMinKeysCausal : kWideTileMinKeys);
+}
+
+// Config at head_dim 128, ConfigHeadDim64 at 64.
+template <class Config, class ConfigHeadDim64 = Config>
 flash::Status launch_config(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
                             int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal,
                             flash::DType dtype, cudaStream_t stream, Schedule schedule = Schedule::kBlockPerTile) {
   if (dtype == flash::DType::kFp16) {
     if (head_dim == 64)
-      return launch_hopper<__half, 64, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
+      return launch_hopper<__half, 64, ConfigHeadDim64>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
                                                dtype, schedule, stream);
     return launch_hopper<__half, 128, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
                                               dtype, schedule, stream);
   }
   if (head_dim == 64)
-    return launch_hopper<__nv_bfloat16, 64, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
+    return launch_hopper<__nv_bfloat16, 64, ConfigHeadDim64>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
                                                      causal, dtype, schedule, stream);
   return launch_hopper<__nv_bfloat16, 128, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
                                                    causal, dtype, schedule, stream);
@@ -240,6 +258,7 @@ const char* variant_name(Variant variant) {
     case Variant::kBackToBack: return "+ work tiles back to back";
     case Variant::kStoreBehindScores: return "+ O stored behind the next scores";
     case Variant::kLeftoverUnmasked: return "+ odd last tile unmasked";
+    case Variant::kWideKeyTiles: return "+ 160-key tiles (d64, long seq_kv)";
   }
   return "unknown variant";
 }
@@ -284,6 +303,12 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
       return launch_config<VariantStoreBehindScores>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv,
                                                      head_dim, scale, causal, dtype, stream,
                                                      Schedule::kPersistentPairs);
+    case Variant::kWideKeyTiles:
+      if (wide_key_tiles(seq_kv, causal))
+        return launch_config<VariantLeftoverUnmasked, VariantWideKeyTiles>(q, k, v, o, lse, batch, heads_q, heads_kv,
+                                                                           seq_q, seq_kv, head_dim, scale, causal,
+                                                                           dtype, stream, Schedule::kPersistentPairs);
+      [[fallthrough]];  // short sequences: the odd last tile unmasked, 128 keys a tile
     case Variant::kLeftoverUnmasked:
       return launch_config<VariantLeftoverUnmasked>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv,
                                                     head_dim, scale, causal, dtype, stream,

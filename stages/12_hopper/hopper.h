@@ -36,12 +36,13 @@ enum class Variant : int {
   kTilePairs,      // causal, with more heads than half the SMs, query tiles in pairs, head by head
   kBackToBack,     // the consumers' turns and O's store carry over from one work tile to the next
   kStoreBehindScores,  // O is stored while the next work tile's first scores run
-  kLeftoverUnmasked,   // the last: a tile left over after the loop's pairs runs unmasked where none needs the mask
+  kLeftoverUnmasked,   // a tile left over after the loop's pairs runs unmasked where none needs the mask
+  kWideKeyTiles,       // the last: K/V tiles of 160 keys at head_dim 64 on long sequences
 };
 // How many Variant values there are, kRegistered included.
-constexpr int kVariantCount = 12;
+constexpr int kVariantCount = 13;
 // The configuration forward() runs: every piece switched on.
-constexpr Variant kRegisteredVariant = Variant::kLeftoverUnmasked;
+constexpr Variant kRegisteredVariant = Variant::kWideKeyTiles;
 
 // "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
 const char* variant_name(Variant variant);

@@ -64,7 +64,7 @@ namespace stage12 {
 
 // One kernel instance.
 //   kConsumers: consumer warpgroups, 64 query rows each (Br = 64 * kConsumers).
-//   kBlockCols: keys per K/V tile (Bc), the N of S = Q K^T: 64 or 128.
+//   kBlockCols: keys per K/V tile (Bc), the N of S = Q K^T: 64, 128 or 160.
 //   kStages: K/V buffers in the ring between producer and consumers.
 //   kRegisterSplit: the producer is a whole warpgroup that gives its registers to the consumers
 //     (setmaxnreg); otherwise it is one warp and every thread keeps the registers the launch gave it.
@@ -101,7 +101,8 @@ struct HopperConfig {
   static constexpr int kProducerThreads = kRegisterSplit ? 128 : 32;
   static constexpr int kThreads = 128 * kConsumers + kProducerThreads;
   static_assert(kConsumers == 1 || kConsumers == 2, "one or two consumer warpgroups");
-  static_assert(kBlockCols == 64 || kBlockCols == 128, "the wgmma wrappers have N = 64 and N = 128");
+  static_assert(kBlockCols == 64 || kBlockCols == 128 || kBlockCols == 160,
+                "the wgmma wrappers have N = 64, 128 and 160");
   static_assert(kStages >= 1, "at least one K/V buffer");
   static_assert(kQStages == 1 || kQStages == 2, "one or two Q buffers");
   static_assert(!kPingPong || kConsumers == 2, "ping-pong needs two consumer warpgroups");
@@ -183,7 +184,7 @@ struct SharedLayout {
   static constexpr int kPanels = kHeadDim / kPanelCols;
   static constexpr int kQPanelBytes = kWgmmaM * kSwizzleBytes;                 // 8 KiB
   static constexpr int kQBytes = kPanels * kQPanelBytes;                       // one consumer's Q
-  static constexpr int kKVPanelBytes = Config::kBlockCols * kSwizzleBytes;     // 8 or 16 KiB
+  static constexpr int kKVPanelBytes = Config::kBlockCols * kSwizzleBytes;     // 8, 16 or 20 KiB
   static constexpr int kKVBytes = kPanels * kKVPanelBytes;                     // one K or V tile
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + Config::kQStages * Config::kConsumers * kQBytes;
