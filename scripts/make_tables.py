@@ -614,6 +614,64 @@ def stage12_store_behind_table():
     return "\n".join(lines)
 
 
+# The eleventh session's wider K/V tiles at head_dim 64 (bench/results/RUNS.md, 2026-11-26, eleventh section), in
+# blocks of stage12-variants output under "## call N, DTYPE, head_dim 64[, --seq N]" headings, against the
+# odd last tile unmasked (128 keys). In call 1 the 160-key kernel's row carries a stale label (the file's
+# header says so).
+WIDE_KEYS_FILE = "h100_stage12_wide_keys.txt"
+WIDE_KEYS_BASE = variant_slug("+ odd last tile unmasked")
+WIDE_KEYS_AGAIN = variant_slug("stage 12 as built")  # the same kernel, registered then, timed again
+WIDE_KEYS_160 = (variant_slug("+ 192-key tiles at head_dim 64"), variant_slug("+ 160-key tiles at head_dim 64"))
+WIDE_KEYS_THREE_STAGES = variant_slug("+ three K/V stages (160 keys)")
+WIDE_KEYS_SEQS = (1024, 2048, 4096, 8192, 16384)
+# hopper.cu's wide_key_tiles: the registered stage's choice.
+WIDE_KEYS_MIN = {False: 2048, True: 4096}
+
+
+def load_wide_keys():
+    """{(dtype, causal, N): [{slug: ms} per block, in file order]} of WIDE_KEYS_FILE."""
+    cells, call = {}, None
+    for line in (RESULTS / WIDE_KEYS_FILE).read_text().splitlines():
+        heading = re.match(r"## call (\d+),", line)
+        if heading:
+            call = int(heading[1])
+            continue
+        m = VARIANTS12_LINE.match(line)
+        if m and call is not None:
+            blocks = cells.setdefault((m[1], m[3] == "1", int(m[4])), {})
+            blocks.setdefault(call, {})[variant_slug(m[5])] = float(m[6])
+    return cells
+
+
+def stage12_wide_keys_table():
+    """160 keys a K/V tile at head_dim 64 over 128, call by call; three K/V stages with 160 keys over 128;
+    and the spread of the two timings of the 128-key kernel in each block."""
+    cells = load_wide_keys()
+    lines = ["| dtype | causal | N | 160 keys / 128 keys (calls) | 160 keys, 3 stages / 128 keys | "
+             "spread of the 128-key kernel | registered takes |",
+             "|---|---|---|---|---|---|---|"]
+    for tag in ("bf16", "fp16"):
+        for causal in (False, True):
+            for n in WIDE_KEYS_SEQS:
+                blocks = cells.get((tag, causal, n), {})
+                wide, three, spread = [], [], []
+                for call, b in sorted(blocks.items()):
+                    base = b[WIDE_KEYS_BASE]
+                    wide += [f"{base / b[s]:.3f} ({call})" for s in WIDE_KEYS_160 if s in b]
+                    if WIDE_KEYS_THREE_STAGES in b:
+                        three.append(f"{base / b[WIDE_KEYS_THREE_STAGES]:.3f}")
+                    spread.append(f"{max(base, b[WIDE_KEYS_AGAIN]) / min(base, b[WIDE_KEYS_AGAIN]):.3f}")
+                keys = 160 if n >= WIDE_KEYS_MIN[causal] else 128
+                lines.append(f"| {tag} | {'yes' if causal else 'no'} | {n} | {', '.join(wide)} | {', '.join(three)} | "
+                             f"{', '.join(spread)} | {keys} keys |")
+    lines.append("")
+    lines.append("Head_dim 64, the FlashAttention grid; each ratio is the 128-key kernel's time (the odd last tile "
+                 "unmasked) over the row's own in the same block of `stage12-variants` (above 1: 160 keys are "
+                 "faster); the spread is how far apart the block's two timings of the 128-key kernel are. From "
+                 f"`bench/results/{WIDE_KEYS_FILE}` (commands: `bench/results/RUNS.md`, eleventh section).")
+    return "\n".join(lines)
+
+
 def stage12_compare_table():
     """Stage 12's forward in bench/compare.py's runs: TFLOP/s, and its speed over stage 10,
     FlashAttention-2 (sdpa-flash) and cuDNN (sdpa-cudnn) in the same run, bf16 and fp16."""
@@ -1638,7 +1696,8 @@ def tables():
                "stage12-variants-d128": lambda: stage12_variants_table(128),
                "stage12-steps": stage12_steps_table, "stage12-after-b": stage12_after_b_table,
                "ncu-stage12": ncu_stage12_table,
-               "stage12-compare": stage12_compare_table, "stage12-store-behind": stage12_store_behind_table}
+               "stage12-compare": stage12_compare_table, "stage12-store-behind": stage12_store_behind_table,
+               "stage12-wide-keys": stage12_wide_keys_table}
     for name, make in stage12.items():
         try:
             out[name] = make()
