@@ -348,7 +348,8 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
 #define FLASH_WGMMA_ACC32(d, i) \
   FLASH_WGMMA_ACC8(d, (i) + 0), FLASH_WGMMA_ACC8(d, (i) + 8), FLASH_WGMMA_ACC8(d, (i) + 16), FLASH_WGMMA_ACC8(d, (i) + 24)
 #define FLASH_WGMMA_ACC64(d) FLASH_WGMMA_ACC32(d, 0), FLASH_WGMMA_ACC32(d, 32)
-#define FLASH_WGMMA_ACC80(d) FLASH_WGMMA_ACC32(d, 0), FLASH_WGMMA_ACC32(d, 32), FLASH_WGMMA_ACC8(d, 64), FLASH_WGMMA_ACC8(d, 72)
+#define FLASH_WGMMA_ACC80(d) \
+  FLASH_WGMMA_ACC32(d, 0), FLASH_WGMMA_ACC32(d, 32), FLASH_WGMMA_ACC8(d, 64), FLASH_WGMMA_ACC8(d, 72)
 // Their placeholders in the instruction text.
 #define FLASH_WGMMA_D32                                                                                            \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, " \

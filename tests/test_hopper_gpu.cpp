@@ -1,8 +1,8 @@
 // Stage 12 (Hopper) on the GPU, one kernel configuration at a time: every variant the lesson
 // measures (stage12::Variant, from version A to the registered version B) on shapes that reach every
 // path of the kernel: one row and one key, lengths that are not multiples of the 64-row query tiles
-// or the 128- and 160-key K/V tiles, seq_q != seq_kv both ways (causal rows that see no key), a block whose
-// second consumer warpgroup has no rows, GQA and MQA, several K/V tiles through the 2-buffer ring,
+// or the 128- and 160-key K/V tiles, seq_q != seq_kv both ways (causal rows that see no key), a block
+// whose second consumer warpgroup has no rows, GQA and MQA, several K/V tiles through the 2-buffer ring,
 // both dtypes and head_dims, causal and not, a negative scale (Q negated in shared memory). Each is
 // held to FlashAttention's half-precision rule against the fp64 reference and to the agreement
 // tolerance against stage 10 on the same inputs, like the registered stage in the sweep of

@@ -209,14 +209,14 @@ flash::Status launch_config(const void* q, const void* k, const void* v, void* o
                             flash::DType dtype, cudaStream_t stream, Schedule schedule = Schedule::kBlockPerTile) {
   if (dtype == flash::DType::kFp16) {
     if (head_dim == 64)
-      return launch_hopper<__half, 64, ConfigHeadDim64>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
-                                               dtype, schedule, stream);
+      return launch_hopper<__half, 64, ConfigHeadDim64>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv,
+                                                        scale, causal, dtype, schedule, stream);
     return launch_hopper<__half, 128, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale, causal,
                                               dtype, schedule, stream);
   }
   if (head_dim == 64)
-    return launch_hopper<__nv_bfloat16, 64, ConfigHeadDim64>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
-                                                     causal, dtype, schedule, stream);
+    return launch_hopper<__nv_bfloat16, 64, ConfigHeadDim64>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q,
+                                                              seq_kv, scale, causal, dtype, schedule, stream);
   return launch_hopper<__nv_bfloat16, 128, Config>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, scale,
                                                    causal, dtype, schedule, stream);
 }
