@@ -195,7 +195,7 @@ using VariantWideKeyTiles = HopperConfig<2, 160, 2, true, true, true, true, 2, t
 // wide tile costs where a sequence is short: seq_kv = 1024 is 6.4 tiles of 160 keys, the last one
 // masked, and causal rows meet the diagonal in one or two masked tiles of the few they see. The
 // thresholds are not derived: they separate the cells where 160 keys were measured to gain from
-// those where they lost (lesson 12, "160 keys a tile at head_dim 64").
+// those where they lost (lesson 12, "Tiles of 160 keys").
 constexpr int kWideTileMinKeys = 2048;
 constexpr int kWideTileMinKeysCausal = 4096;
 bool wide_key_tiles(int seq_kv, bool causal) {
