@@ -86,15 +86,18 @@ std::vector<VariantCase> variant_cases() {
       {2, 4, 2, 65, 2},       // two keys a row: lse's error is largest where it sums few terms
   };
   std::vector<VariantCase> cases;
-  for (int v = 1; v < stage12::kVariantCount; ++v)
+  // Every shape of a list in both dtypes, at both head_dims, causal and not, for one variant.
+  auto add_cases = [&cases](stage12::Variant variant, const auto& shape_list) {
     for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
       for (int head_dim : {64, 128})
-        for (const auto& s : shapes)
+        for (const auto& s : shape_list)
           for (bool causal : {false, true}) {
             harness::Problem p{s[0], s[1], s[2], s[3], s[4], head_dim, causal};
             p.dtype = dtype;
-            cases.push_back({static_cast<stage12::Variant>(v), p});
+            cases.push_back({variant, p});
           }
+  };
+  for (int v = 1; v < stage12::kVariantCount; ++v) add_cases(static_cast<stage12::Variant>(v), shapes);
   // Persistent blocks: more work tiles than an H100 has SMs, so that blocks take several in turn
   // (the ring and Q carried over, odd and even tile counts), and causal work tiles that see no key
   // (seq_q > seq_kv) between tiles that do. In pairs (kTilePairs), 3 query tiles a head leave the
@@ -110,14 +113,7 @@ std::vector<VariantCase> variant_cases() {
   for (stage12::Variant variant :
        {stage12::Variant::kPersistent, stage12::Variant::kTilePairs, stage12::Variant::kBackToBack,
         stage12::Variant::kStoreBehindScores, stage12::Variant::kLeftoverUnmasked, stage12::Variant::kWideKeyTiles})
-    for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
-      for (int head_dim : {64, 128})
-        for (const auto& s : many_tiles)
-          for (bool causal : {false, true}) {
-            harness::Problem p{s[0], s[1], s[2], s[3], s[4], head_dim, causal};
-            p.dtype = dtype;
-            cases.push_back({variant, p});
-          }
+    add_cases(variant, many_tiles);
   // 160 keys a K/V tile (kWideKeyTiles) at head_dim 64, where seq_kv >= 2048 (causal: 4096); the
   // shorter shapes above take the 128-key kernel. At head_dim 128, the same shapes on 128 keys.
   const int long_keys[][5] = {
@@ -126,14 +122,7 @@ std::vector<VariantCase> variant_cases() {
       {1, 1, 1, 300, 2240},    // 14 tiles of 160 keys: the last, after the pairs, unmasked when not causal
       {1, 140, 20, 16, 4100},  // 140 work tiles, more than an H100 has SMs, each of 26 K/V tiles
   };
-  for (flash::DType dtype : {flash::DType::kBf16, flash::DType::kFp16})
-    for (int head_dim : {64, 128})
-      for (const auto& s : long_keys)
-        for (bool causal : {false, true}) {
-          harness::Problem p{s[0], s[1], s[2], s[3], s[4], head_dim, causal};
-          p.dtype = dtype;
-          cases.push_back({stage12::Variant::kWideKeyTiles, p});
-        }
+  add_cases(stage12::Variant::kWideKeyTiles, long_keys);
   // A negative scale (Q negated in shared memory, with its proxy fence) for every variant.
   for (int v = 1; v < stage12::kVariantCount; ++v) {
     harness::Problem p{2, 4, 2, 129, 200, 128, true};
