@@ -57,11 +57,8 @@ tests_phase() {
 sanitize() {
   # Every stage12::Variant but kRegistered (0), which is one of them (hopper.h); variant 12 also on a
   # case that takes its 160-key kernel (head_dim 64, seq_kv >= 4096 causal).
-  for c in 1:d128_b2h8kv2_q129_k63_causal 2:d128_b2h8kv2_q129_k63_causal 3:d128_b2h8kv2_q129_k63_causal \
-           4:d128_b2h8kv2_q129_k63_causal 5:d128_b2h8kv2_q129_k63_causal 6:d128_b2h8kv2_q129_k63_causal \
-           7:d128_b2h8kv2_q129_k63_causal 8:d128_b2h8kv2_q129_k63_causal 9:d128_b2h8kv2_q129_k63_causal \
-           10:d128_b2h8kv2_q129_k63_causal 11:d128_b2h8kv2_q129_k63_causal 12:d128_b2h8kv2_q129_k63_causal \
-           12:d64_b1h2kv1_q257_k4133_causal; do
+  cases="$(for v in $(seq 1 12); do echo "$v:d128_b2h8kv2_q129_k63_causal"; done) 12:d64_b1h2kv1_q257_k4133_causal"
+  for c in $cases; do
     v=${c%%:*} shape=${c#*:}
     for dtype in bf16 fp16; do
       for tool in memcheck racecheck synccheck initcheck; do
