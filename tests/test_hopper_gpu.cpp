@@ -3,9 +3,9 @@
 // path of the kernel: one row and one key, lengths that are not multiples of the 64-row query tiles
 // or the 128- and 160-key K/V tiles, seq_q != seq_kv both ways (causal rows that see no key), a block
 // whose second consumer warpgroup has no rows, GQA and MQA, several K/V tiles through the 2-buffer ring,
-// both dtypes and head_dims, causal and not, a negative scale (Q negated in shared memory). Each is
-// held to FlashAttention's half-precision rule against the fp64 reference and to the agreement
-// tolerance against stage 10 on the same inputs, like the registered stage in the sweep of
+// both dtypes and head_dims, causal and not, a negative scale (Q negated in shared memory) and a zero
+// one. Each is held to FlashAttention's half-precision rule against the fp64 reference and to the
+// agreement tolerance against stage 10 on the same inputs, like the registered stage in the sweep of
 // test_stages_gpu.cpp. When the registered stage fails there, these say which piece broke.
 // Outputs are poisoned with NaN first. Every test name carries "stage12" (ctest -L stage12). Off a
 // Hopper GPU, or in a build without stage 12's sm_90a code, every test skips with the reason.
@@ -41,7 +41,8 @@ std::string case_name(const ::testing::TestParamInfo<VariantCase>& info) {
   std::ostringstream s;
   s << "stage12_variant" << static_cast<int>(info.param.variant) << "_d" << p.head_dim << "_b" << p.batch << "h"
     << p.heads_q << "kv" << p.heads_kv << "_q" << p.seq_q << "_k" << p.seq_kv << (p.causal ? "_causal" : "") << "_"
-    << flash::dtype_name(p.dtype) << (p.softmax_scale() < 0 ? "_negscale" : "") << "_" << info.index;
+    << flash::dtype_name(p.dtype) << (p.softmax_scale() < 0 ? "_negscale" : p.softmax_scale() == 0 ? "_zeroscale" : "")
+    << "_" << info.index;
   return s.str();
 }
 
@@ -70,6 +71,8 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kStoreBehindScores: return variant_forward<stage12::Variant::kStoreBehindScores>;
     case stage12::Variant::kLeftoverUnmasked: return variant_forward<stage12::Variant::kLeftoverUnmasked>;
     case stage12::Variant::kWideKeyTiles: return variant_forward<stage12::Variant::kWideKeyTiles>;
+    case stage12::Variant::kSinglesAfterPairs: return variant_forward<stage12::Variant::kSinglesAfterPairs>;
+    case stage12::Variant::kPairsAtAnyHeadCount: return variant_forward<stage12::Variant::kPairsAtAnyHeadCount>;
   }
   return nullptr;
 }
@@ -103,7 +106,10 @@ std::vector<VariantCase> variant_cases() {
   // (seq_q > seq_kv) between tiles that do. In pairs (kTilePairs), 3 query tiles a head leave the
   // middle one without a partner. Back to back (kBackToBack), the turns and O's store carry over
   // those tiles too; with kStoreBehindScores, O's store moves into the next work tile, past the tiles
-  // that see no key; with kLeftoverUnmasked, 4 K/V tiles leave one after the pairs, unmasked.
+  // that see no key; with kLeftoverUnmasked, 4 K/V tiles leave one after the pairs, unmasked. With
+  // kSinglesAfterPairs (causal; on an H100's 132 SMs), 66 of the 160 heads of the first and third
+  // shape run their tiles one at a time after the pairs of the others, 132 of the 144 of the second
+  // and fourth.
   const int many_tiles[][5] = {
       {4, 40, 8, 300, 257},  // 480 work tiles of 3 K/V tiles or fewer (causal)
       {3, 48, 48, 129, 63},  // 288 work tiles; causal: the first 66 rows of each head see no key
@@ -112,8 +118,18 @@ std::vector<VariantCase> variant_cases() {
   };
   for (stage12::Variant variant :
        {stage12::Variant::kPersistent, stage12::Variant::kTilePairs, stage12::Variant::kBackToBack,
-        stage12::Variant::kStoreBehindScores, stage12::Variant::kLeftoverUnmasked, stage12::Variant::kWideKeyTiles})
+        stage12::Variant::kStoreBehindScores, stage12::Variant::kLeftoverUnmasked, stage12::Variant::kWideKeyTiles,
+        stage12::Variant::kSinglesAfterPairs, stage12::Variant::kPairsAtAnyHeadCount})
     add_cases(variant, many_tiles);
+  // Pairs and the single tiles after them with an odd count of query tiles (causal): 140 heads of 5 query
+  // tiles, 3 units a head, 44 heads in the tail; with kPairsAtAnyHeadCount, also 8 heads of 64 query tiles,
+  // 32 pairs a head, 5 heads in the tail.
+  const int tails[][5] = {
+      {2, 70, 10, 640, 640},
+      {1, 8, 2, 8192, 8192},
+  };
+  add_cases(stage12::Variant::kSinglesAfterPairs, tails);
+  add_cases(stage12::Variant::kPairsAtAnyHeadCount, tails);
   // 160 keys a K/V tile (kWideKeyTiles) at head_dim 64, where seq_kv >= 2048 (causal: 4096); the
   // shorter shapes above take the 128-key kernel. At head_dim 128, the same shapes on 128 keys.
   const int long_keys[][5] = {
@@ -123,11 +139,15 @@ std::vector<VariantCase> variant_cases() {
       {1, 140, 20, 16, 4100},  // 140 work tiles, more than an H100 has SMs, each of 26 K/V tiles
   };
   add_cases(stage12::Variant::kWideKeyTiles, long_keys);
-  // A negative scale (Q negated in shared memory, with its proxy fence) for every variant.
+  // A negative scale (Q negated in shared memory, with its proxy fence) for every variant; a zero
+  // scale, where every visible key weighs the same, masked tiles included.
   for (int v = 1; v < stage12::kVariantCount; ++v) {
     harness::Problem p{2, 4, 2, 129, 200, 128, true};
     p.dtype = flash::DType::kBf16;
     p.scale = -0.2f;
+    cases.push_back({static_cast<stage12::Variant>(v), p});
+    p.head_dim = 64;
+    p.scale = 0.0f;
     cases.push_back({static_cast<stage12::Variant>(v), p});
   }
   return cases;

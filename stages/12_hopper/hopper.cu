@@ -109,8 +109,10 @@ flash::Status make_tensor_map(CUtensorMap* map, const void* base, flash::DType d
 // ---------------------------------------------------------------------------------------------
 
 // How a grid's work tiles reach its blocks: a block per work tile; one block per SM, each taking work
-// tiles in turn; or, persistent and causal, in pairs of query tiles, head by head (below).
-enum class Schedule { kBlockPerTile, kPersistent, kPersistentPairs };
+// tiles in turn; or, persistent and causal, in pairs of query tiles, head by head, where the heads are
+// more than half the SMs (below); the same with the last heads' tiles one at a time after the pairs
+// (kPairsThenSingles); and that at any head count (kPairsAlways).
+enum class Schedule { kBlockPerTile, kPersistent, kPersistentPairs, kPairsThenSingles, kPairsAlways };
 
 template <typename Element, int kHeadDim, class Config>
 flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o, float* lse, int batch, int heads_q,
@@ -151,22 +153,33 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   // tiles (kPersistentPairs) keep a head's tiles together; a pair is twice the work of a tile, though, so
   // the last pass leaves more SMs idle, which costs where the heads are few and the sequences long.
   // "Half the SMs" is not derived: it separates the cells where pairs were measured to gain from
-  // those where they lost (lesson 12, "Query tiles in pairs, head by head").
-  const int tiles_per_unit =
-      schedule == Schedule::kPersistentPairs && causal && 2 * num_heads_total > num_sms ? 2 : 1;
-  int blocks = kernel_detail::num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
+  // those where they lost (lesson 12, "Query tiles in pairs, head by head"). kPairsAlways drops it:
+  // with single tiles after the pairs, the last pass no longer waits for whole pairs.
+  const bool pairs = schedule == Schedule::kPersistentPairs || schedule == Schedule::kPairsThenSingles ||
+                     schedule == Schedule::kPairsAlways;
+  const bool many_heads = 2 * num_heads_total > num_sms;
+  const int tiles_per_unit = pairs && causal && (many_heads || schedule == Schedule::kPairsAlways) ? 2 : 1;
+  // The tail: about one pass of pairs (num_sms of them), in whole heads, one query tile a unit. The
+  // pairs that do not fill the last pass are what leaves SMs idle; single tiles of every length,
+  // longest first, give the serpentine order short tiles to even the last pass out with.
+  int tail_heads = 0;
+  if (tiles_per_unit == 2 && schedule != Schedule::kPersistentPairs) {
+    const int pairs_per_head = kernel_detail::units_per_head(num_q_tiles, tiles_per_unit);
+    tail_heads = std::min(num_heads_total, (num_sms + pairs_per_head - 1) / pairs_per_head);
+  }
+  int blocks = kernel_detail::num_work_units(num_heads_total, num_q_tiles, tiles_per_unit, tail_heads);
   // One block per SM is all that fits: the registers of 384 threads at 168 each (setmaxnreg).
   if (persistent) blocks = std::min(blocks, num_sms);
   // The kernel's divisions of a work unit's index (hopper_kernel's work_tile_of_step): by the units
   // of a head, or, causal one tile at a time, by the heads; then by heads_q, and by the query heads
-  // that share a K/V head.
+  // that share a K/V head; in the tail, by its heads.
   const int unit_divisor = tiles_per_unit == 1 && causal ? num_heads_total
                                                          : kernel_detail::units_per_head(num_q_tiles, tiles_per_unit);
   kernel<<<static_cast<unsigned>(blocks), Config::kThreads, kSharedBytes, stream>>>(
       q_map, k_map, v_map, o_map, static_cast<Element*>(o), lse, heads_q, heads_kv, seq_q, seq_kv,
-      scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total, tiles_per_unit,
+      scale * kernel_detail::kLog2e, num_q_tiles, num_heads_total, tiles_per_unit, tail_heads,
       kernel_detail::make_grid_divisor(unit_divisor), kernel_detail::make_grid_divisor(heads_q),
-      kernel_detail::make_grid_divisor(heads_q / heads_kv));
+      kernel_detail::make_grid_divisor(heads_q / heads_kv), kernel_detail::make_grid_divisor(std::max(1, tail_heads)));
   return flash::last_launch_status();
 }
 
@@ -221,6 +234,18 @@ flash::Status launch_config(const void* q, const void* k, const void* v, void* o
                                                    causal, dtype, schedule, stream);
 }
 
+// The kernels of kWideKeyTiles (160 keys a K/V tile at head_dim 64 on long sequences, 128 elsewhere)
+// under one of the persistent schedules with pairs.
+flash::Status launch_key_tiles(const void* q, const void* k, const void* v, void* o, float* lse, int batch,
+                               int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale, bool causal,
+                               flash::DType dtype, cudaStream_t stream, Schedule schedule) {
+  if (wide_key_tiles(seq_kv, causal))
+    return launch_config<VariantLeftoverUnmasked, VariantWideKeyTiles>(
+        q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype, stream, schedule);
+  return launch_config<VariantLeftoverUnmasked>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
+                                                scale, causal, dtype, stream, schedule);
+}
+
 #endif  // FLASH_STAGE12_SM90A
 
 }  // namespace
@@ -259,6 +284,8 @@ const char* variant_name(Variant variant) {
     case Variant::kStoreBehindScores: return "+ O stored behind the next scores";
     case Variant::kLeftoverUnmasked: return "+ odd last tile unmasked";
     case Variant::kWideKeyTiles: return "+ 160-key tiles (d64, long seq_kv)";
+    case Variant::kSinglesAfterPairs: return "+ single tiles after the pairs";
+    case Variant::kPairsAtAnyHeadCount: return "+ pairs at any head count";
   }
   return "unknown variant";
 }
@@ -304,11 +331,14 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
                                                      head_dim, scale, causal, dtype, stream,
                                                      Schedule::kPersistentPairs);
     case Variant::kWideKeyTiles:
-      if (wide_key_tiles(seq_kv, causal))
-        return launch_config<VariantLeftoverUnmasked, VariantWideKeyTiles>(q, k, v, o, lse, batch, heads_q, heads_kv,
-                                                                           seq_q, seq_kv, head_dim, scale, causal,
-                                                                           dtype, stream, Schedule::kPersistentPairs);
-      [[fallthrough]];  // short sequences: the odd last tile unmasked, 128 keys a tile
+      return launch_key_tiles(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype,
+                              stream, Schedule::kPersistentPairs);
+    case Variant::kSinglesAfterPairs:
+      return launch_key_tiles(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype,
+                              stream, Schedule::kPairsThenSingles);
+    case Variant::kPairsAtAnyHeadCount:
+      return launch_key_tiles(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype,
+                              stream, Schedule::kPairsAlways);
     case Variant::kLeftoverUnmasked:
       return launch_config<VariantLeftoverUnmasked>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv,
                                                     head_dim, scale, causal, dtype, stream,

@@ -37,12 +37,14 @@ enum class Variant : int {
   kBackToBack,     // the consumers' turns and O's store carry over from one work tile to the next
   kStoreBehindScores,  // O is stored while the next work tile's first scores run
   kLeftoverUnmasked,   // a tile left over after the loop's pairs runs unmasked where none needs the mask
-  kWideKeyTiles,       // the last: K/V tiles of 160 keys at head_dim 64 on long sequences
+  kWideKeyTiles,       // K/V tiles of 160 keys at head_dim 64 on long sequences
+  kSinglesAfterPairs,  // causal pairs: about a pass of them, in whole heads, as single tiles at the end
+  kPairsAtAnyHeadCount,  // the last: those pairs and single tiles at any head count
 };
 // How many Variant values there are, kRegistered included.
-constexpr int kVariantCount = 13;
+constexpr int kVariantCount = 15;
 // The configuration forward() runs: every piece switched on.
-constexpr Variant kRegisteredVariant = Variant::kWideKeyTiles;
+constexpr Variant kRegisteredVariant = Variant::kPairsAtAnyHeadCount;
 
 // "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
 const char* variant_name(Variant variant);

@@ -35,6 +35,9 @@
 //   takes query tiles i and num_q_tiles - 1 - i of one head in turn, so blocks get equal work without
 //   taking the longest tile of every head first, and the blocks in flight share the K and V of a few
 //   heads in L2.
+// - Single tiles after the pairs (a launch choice, tail_heads): the last heads' query tiles come
+//   one at a time, longest first, after the pairs of the others, so that the blocks of the last pass
+//   end together instead of some of them taking one more pair while the others wait.
 // - Work tiles back to back (kBackToBack): a persistent block's two consumers go on to their next
 //   work tile without meeting in between. The ping-pong turns carry over from one work tile to the
 //   next, and the thread that stored O waits for the copy engine to read it during the next work tile,
@@ -804,13 +807,21 @@ __device__ inline void store_output_tma(const Smem<Element, kHeadDim, Config>& s
 // without a longest-first order across heads; and the pairs come head by head, so the blocks in
 // flight read the K and V of a few heads, which stay in L2, where longest first runs one query tile
 // of every head at once.
+// With pairs, the last tail_heads heads come after the pairs of all the others, one query tile a
+// unit, longest first across those heads: units of one tile and of every length let the blocks of the
+// last pass end together, where pairs, all of the same size, left the SMs without a pair idle.
 // Fewer than 2^31 of them: num_heads_total * num_q_tiles <= batch * heads_q * seq_q, which
 // flash::check_forward_args keeps within kMaxDim.
 __host__ __device__ inline int units_per_head(int num_q_tiles, int tiles_per_unit) {
   return tiles_per_unit == 2 ? (num_q_tiles + 1) / 2 : num_q_tiles;
 }
-__host__ __device__ inline int num_work_units(int num_heads_total, int num_q_tiles, int tiles_per_unit) {
-  return num_heads_total * units_per_head(num_q_tiles, tiles_per_unit);
+__host__ __device__ inline int num_pair_units(int num_heads_total, int num_q_tiles, int tiles_per_unit,
+                                              int tail_heads) {
+  return (num_heads_total - tail_heads) * units_per_head(num_q_tiles, tiles_per_unit);
+}
+__host__ __device__ inline int num_work_units(int num_heads_total, int num_q_tiles, int tiles_per_unit,
+                                              int tail_heads) {
+  return num_pair_units(num_heads_total, num_q_tiles, tiles_per_unit, tail_heads) + tail_heads * num_q_tiles;
 }
 
 // A division by a number that is the same for the whole grid (a head count, the units per head), as
@@ -843,7 +854,8 @@ __device__ inline int remainder(int n, int quotient, const GridDivisor& g) {
 
 // One work unit (num_work_units) per (batch, query head, query tile of Config::kBlockRows rows),
 // numbered as stage 10's grid: causal runs the longest tiles of every head first; or, with
-// tiles_per_unit 2, one per pair of query tiles, head by head. Block b takes work unit b when the grid
+// tiles_per_unit 2, one per pair of query tiles, head by head, then the tail_heads heads of the tail
+// one tile at a time (num_work_units). Block b takes work unit b when the grid
 // has a block per unit; with one block per SM (persistent), one in each pass over the grid, in
 // serpentine order (unit_of_pass). q_map, k_map, v_map, o_map: 3-D tensor maps (head_dim, sequence,
 // batch * heads) over q, k, v, o with boxes of (64, 64 or Bc, 1), 128-byte swizzle (hopper.cu makes
@@ -854,8 +866,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, Element* o,
                   float* lse, int heads_q, int heads_kv, int seq_q, int seq_kv, float scale_log2, int num_q_tiles,
-                  int num_heads_total, int tiles_per_unit, kernel_detail::GridDivisor unit_divisor,
-                  kernel_detail::GridDivisor heads_q_divisor, kernel_detail::GridDivisor group_divisor) {
+                  int num_heads_total, int tiles_per_unit, int tail_heads, kernel_detail::GridDivisor unit_divisor,
+                  kernel_detail::GridDivisor heads_q_divisor, kernel_detail::GridDivisor group_divisor,
+                  kernel_detail::GridDivisor tail_divisor) {
 #if FLASH_HOPPER_SM90A
   using namespace kernel_detail;
   static_assert(sizeof(Element) == kElementBytes, "16-bit elements");
@@ -895,7 +908,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     t.num_tiles = key_end > 0 ? (key_end + Config::kBlockCols - 1) / Config::kBlockCols : 0;
     return t;
   };
-  const int num_units = num_work_units(num_heads_total, num_q_tiles, tiles_per_unit);
+  const int num_units = num_work_units(num_heads_total, num_q_tiles, tiles_per_unit, tail_heads);
+  const int pair_units = num_pair_units(num_heads_total, num_q_tiles, tiles_per_unit, tail_heads);
   // Block b's work unit in pass p over the grid: b in even passes, gridDim.x - 1 - b in odd ones (a
   // serpentine order). Causal work tiles come longest first, so the block that takes a pass's longest
   // tile takes the next pass's shortest, and the blocks of a persistent grid end at about the same
@@ -908,32 +922,42 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     return static_cast<unsigned>(pass) * grid + (pass % 2 == 0 ? block : grid - 1 - block);
   };
   // The block's step-th work tile: the first or second of pass step / tiles_per_unit's unit. False
-  // when there is none: past the last unit, or the second of a pair that is one tile. unit_divisor
-  // divides by the units of a head (pairs_per_head or num_q_tiles), or, causal one tile at a time, by
-  // the heads.
+  // when there is none: past the last unit, the second of a pair that is one tile, or the second step
+  // of a unit of the tail, which is one tile. unit_divisor divides by the units of a head
+  // (pairs_per_head or num_q_tiles), or, causal one tile at a time, by the heads; tail_divisor by
+  // tail_heads.
   const int num_steps = num_passes * tiles_per_unit;
   auto work_tile_of_step = [&](int step, WorkTile& t) {
     const bool pairs = tiles_per_unit == 2;
     const unsigned next = unit_of_pass(pairs ? step / 2 : step);
     if (next >= static_cast<unsigned>(num_units)) return false;
     const int unit = static_cast<int>(next);
-    const int quotient = divide(unit, unit_divisor);
-    const int rest = remainder(unit, quotient, unit_divisor);
+    const bool second = pairs && step % 2 == 1;
     int bh, q_tile;
-    if (pairs) {
-      // Pair i = rest of head quotient: query tile num_q_tiles - 1 - i, then tile i. Causal, the two
-      // see num_q_tiles + 1 K/V tiles together (with Br = Bc and seq_q = seq_kv), whatever i is.
-      bh = quotient;
-      const int i = rest;
-      const bool second = step % 2 == 1;
-      if (second && i == num_q_tiles - 1 - i) return false;  // the middle tile of an odd count
-      q_tile = second ? i : num_q_tiles - 1 - i;
-    } else if (kCausal) {
-      bh = rest;
-      q_tile = num_q_tiles - 1 - quotient;
+    if (unit >= pair_units) {
+      // The tail (pairs only): level l holds query tile num_q_tiles - 1 - l of each of its heads.
+      if (second) return false;
+      const int tail_unit = unit - pair_units;
+      const int level = divide(tail_unit, tail_divisor);
+      bh = num_heads_total - tail_heads + remainder(tail_unit, level, tail_divisor);
+      q_tile = num_q_tiles - 1 - level;
     } else {
-      bh = quotient;
-      q_tile = rest;
+      const int quotient = divide(unit, unit_divisor);
+      const int rest = remainder(unit, quotient, unit_divisor);
+      if (pairs) {
+        // Pair i = rest of head quotient: query tile num_q_tiles - 1 - i, then tile i. Causal, the two
+        // see num_q_tiles + 1 K/V tiles together (with Br = Bc and seq_q = seq_kv), whatever i is.
+        bh = quotient;
+        const int i = rest;
+        if (second && i == num_q_tiles - 1 - i) return false;  // the middle tile of an odd count
+        q_tile = second ? i : num_q_tiles - 1 - i;
+      } else if (kCausal) {
+        bh = rest;
+        q_tile = num_q_tiles - 1 - quotient;
+      } else {
+        bh = quotient;
+        q_tile = rest;
+      }
     }
     t = work_tile(bh, q_tile);
     return true;
@@ -1054,7 +1078,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // Compiled for another target: never launched (stage12::check_gpu refuses first).
   (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse, (void)heads_q, (void)heads_kv;
   (void)seq_q, (void)seq_kv, (void)scale_log2, (void)num_q_tiles, (void)num_heads_total, (void)tiles_per_unit;
-  (void)unit_divisor, (void)heads_q_divisor, (void)group_divisor;
+  (void)tail_heads, (void)unit_divisor, (void)heads_q_divisor, (void)group_divisor, (void)tail_divisor;
 #endif
 }
 
