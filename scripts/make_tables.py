@@ -672,6 +672,50 @@ def stage12_wide_keys_table():
     return "\n".join(lines)
 
 
+# The twelfth session's causal schedules (bench/results/RUNS.md, 2026-11-26, twelfth section, call 2), in blocks of
+# stage12-variants output under "## call 2, DTYPE, head_dim D[, --seq N]" headings, against variant 12. The three
+# rows differ only causal: not causal, they are one launch timed three times.
+TAIL_FILE = "h100_stage12_tail.txt"
+TAIL_BASE = variant_slug("+ 160-key tiles (d64, long seq_kv)")
+TAIL_AGAIN = variant_slug("stage 12 as built")  # variant 12, registered then, timed again
+TAIL_SINGLES = variant_slug("+ single tiles after the pairs")
+TAIL_ALWAYS = variant_slug("+ pairs at any head count")
+SMS_H100 = 132  # the H100 SXM's SMs: hopper.cu pairs query tiles where the heads are more than half of them
+
+
+def load_tail():
+    """{(dtype, d, causal, N): {slug: ms}} of TAIL_FILE."""
+    cells = {}
+    for line in (RESULTS / TAIL_FILE).read_text().splitlines():
+        m = VARIANTS12_LINE.match(line)
+        if m:
+            cells.setdefault((m[1], int(m[2]), m[3] == "1", int(m[4])), {})[variant_slug(m[5])] = float(m[6])
+    return cells
+
+
+def stage12_tail_table():
+    """The two causal schedules over variant 12's, cell by cell, with the heads of the cell and what variant 12
+    did there; and the spread of variant 12's two timings in each block."""
+    lines = ["| dtype | d | causal | N | heads | variant 12 | single tiles after the pairs | pairs at any head count | "
+             "spread of variant 12 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (tag, d, causal, n), b in sorted(load_tail().items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2], kv[0][3])):
+        heads = FA_TOKENS // n * (FA_HEADS_TIMES_DIM // d)
+        before = ("pairs" if 2 * heads > SMS_H100 else "one tile at a time") if causal else "(same launch)"
+        base = b[TAIL_BASE]
+        spread = max(base, b[TAIL_AGAIN]) / min(base, b[TAIL_AGAIN])
+        # Without pairs there is no tail: variant 13 is variant 12's launch.
+        same = " (same launch)" if causal and 2 * heads <= SMS_H100 else ""
+        lines.append(f"| {tag} | {d} | {'yes' if causal else 'no'} | {n} | {heads} | {before} | "
+                     f"{base / b[TAIL_SINGLES]:.3f}{same} | {base / b[TAIL_ALWAYS]:.3f} | {spread:.3f} |")
+    lines.append("")
+    lines.append("The FlashAttention grid (heads = B·H); each ratio is variant 12's time over the row's own in the same "
+                 "block of `stage12-variants` (above 1: the schedule is faster). Not causal, the three rows are one "
+                 "launch, and their ratios show how far two timings of one kernel move; so does the last column. From "
+                 f"`bench/results/{TAIL_FILE}` (commands: `bench/results/RUNS.md`, twelfth section).")
+    return "\n".join(lines)
+
+
 def stage12_compare_table():
     """Stage 12's forward in bench/compare.py's runs: TFLOP/s, and its speed over stage 10,
     FlashAttention-2 (sdpa-flash) and cuDNN (sdpa-cudnn) in the same run, bf16 and fp16."""
@@ -840,10 +884,10 @@ def sanitizer_clean(stem, subject):
     return f"{len(clean)} of {len(lines)}"
 
 
-def ctest_value(what):
-    """A figure of the full suite's log (h100_ctest.log): passed, total, skipped, or one test's status
-    (Passed, Failed, Skipped, ...) by its ctest name."""
-    text = (RESULTS / "h100_ctest.log").read_text()
+def ctest_value(what, log="h100_ctest"):
+    """A figure of a ctest log of bench/results (the full suite's, h100_ctest.log, unless log names another):
+    passed, total, skipped, or one test's status (Passed, Failed, Skipped, Timeout, ...) by its ctest name."""
+    text = (RESULTS / f"{log}.log").read_text()
     results = dict(re.findall(r"Test\s+#\d+: (\S+) \.+\**\s*(Passed|Failed|Skipped|Not Run|Timeout)", text))
     if what == "total":
         return re.search(r"tests passed(?:, \d+ tests failed)? out of (\d+)", text)[1]
@@ -1697,7 +1741,7 @@ def tables():
                "stage12-steps": stage12_steps_table, "stage12-after-b": stage12_after_b_table,
                "ncu-stage12": ncu_stage12_table,
                "stage12-compare": stage12_compare_table, "stage12-store-behind": stage12_store_behind_table,
-               "stage12-wide-keys": stage12_wide_keys_table}
+               "stage12-wide-keys": stage12_wide_keys_table, "stage12-tail": stage12_tail_table}
     for name, make in stage12.items():
         try:
             out[name] = make()
@@ -1874,6 +1918,7 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       sanitizer/STEM/SUBJECT            "N of M": the lines of bench/results/STEM.txt naming SUBJECT that report
                                         a clean run, e.g. sanitizer/h100_sanitizer_stage11_12/stage12
       ctest/passed|total|skipped|TEST   the full suite's log, h100_ctest.log (TEST: a ctest name, its status)
+      ctest-log/STEM/passed|total|...   the same of another ctest log, bench/results/STEM.log
       decode/PAGE/B/N/gbs|pct|us        stage 13's decode family in h100_bench_decode.json (PAGE 0: the
                                         contiguous cache, else the page size; pct: % of the HBM datasheet)
       decode-compare/B/N/IMPL/gbs|pct|us  a cell of compare_h100_decode.json (IMPL: stage13, stage13-paged,
@@ -2162,6 +2207,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         return sanitizer_clean(parts[1], parts[2])
     if kind == "ctest":  # ctest/passed|total|skipped|TESTNAME
         return ctest_value(parts[1])
+    if kind == "ctest-log":  # ctest-log/STEM/passed|total|skipped|TESTNAME
+        return ctest_value(parts[2], parts[1])
     if kind in ("decode-compare", "decode-versus"):
         batch, seq_kv = int(parts[1]), int(parts[2])
         if kind == "decode-versus" or parts[3] == "ratio":
