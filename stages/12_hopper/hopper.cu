@@ -161,7 +161,10 @@ flash::Status launch_hopper(const void* q, const void* k, const void* v, void* o
   const int tiles_per_unit = pairs && causal && (many_heads || schedule == Schedule::kPairsAlways) ? 2 : 1;
   // The tail: about one pass of pairs (num_sms of them), in whole heads, one query tile a unit. The
   // pairs that do not fill the last pass are what leaves SMs idle; single tiles of every length,
-  // longest first, give the serpentine order short tiles to even the last pass out with.
+  // longest first, give the serpentine order short tiles to even the last pass out with. Whole heads,
+  // so that a tail unit's head and query tile come from one division (the kernel's tail_divisor).
+  // "One pass" is not derived either: it is the size measured in lesson 12, "Single tiles after the
+  // pairs", where the tail gained on every cell that takes pairs.
   int tail_heads = 0;
   if (tiles_per_unit == 2 && schedule != Schedule::kPersistentPairs) {
     const int pairs_per_head = kernel_detail::units_per_head(num_q_tiles, tiles_per_unit);
