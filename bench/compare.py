@@ -22,7 +22,11 @@ N = 512 .. 16384, causal and not; fp32 with TF32 off in cuBLAS and cuDNN. Every 
 case is flattered by a warm cache.
 
 Timing: CUDA events around each call on PyTorch's current stream; one untimed warm-up, then timed
-calls until a per-case budget is spent (at least 3, at most 50); the median is reported. A case is
+calls until a per-case budget is spent (at least 3, at most 50); the median is reported. A cell's
+forwards are timed in ROUNDS interleaved rounds, each implementation's calls spread over them and the
+order rotated from round to round, so that every implementation of a cell meets the same GPU clocks:
+the GPU's power management moves them by up to a few tens of percent within a second (lesson 12, "A
+disturbed run"), and a ratio of two medians timed apart took that in. A case is
 skipped, and the output says so, where it does not fit in free GPU memory (the O(N^2)-memory
 stages and PyTorch's naive and math paths at large N) or where the previous N's time predicts a
 call longer than --max-call-ms (3 s by default, which on an H100 skips nothing: the naive stages
@@ -77,6 +81,8 @@ QUICK_SEQ_LENS = [512, 1024]
 
 SDPA_BACKENDS = ["flash", "cudnn", "efficient", "math"]
 REFERENCE_IMPL = "sdpa-efficient"
+# Rounds a cell's forwards are timed in; five leave each implementation up to 10 calls a round.
+ROUNDS = 5
 
 
 def parse_args():
@@ -202,28 +208,60 @@ def main():
         torch.cuda.empty_cache()
         return torch.cuda.mem_get_info(device)[0]
 
-    def time_calls(fn):
-        """(median ms, min ms, timed calls, the warm-up's result) of fn(i), i the input set: one
-        untimed warm-up on set 0 (its result is what the output check uses), then timed calls
-        until the budget is spent."""
-        warm = fn(0)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(1 % n_sets)
-        end.record()
-        end.synchronize()
-        first = start.elapsed_time(end)
-        reps = int(min(50, max(3, math.ceil(budget_s * 1e3 / max(first, 1e-3)))))
+    def timed_calls(fn, count, first_set):
+        """ms of each of count calls of fn(i), back to back, i the input set from first_set on."""
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(reps - 1)]
+                  for _ in range(count)]
         for i, (a, b) in enumerate(events):
             a.record()
-            fn((i + 2) % n_sets)
+            fn((first_set + i) % n_sets)
             b.record()
         torch.cuda.synchronize()
-        times = [first] + [a.elapsed_time(b) for a, b in events]
+        return [a.elapsed_time(b) for a, b in events]
+
+    def warm_and_size(fn):
+        """(the warm-up's result, the first timed call's ms, the calls the budget allows) of fn: one
+        untimed warm-up on set 0 (its result is what the output check uses), then one timed call."""
+        warm = fn(0)
+        torch.cuda.synchronize()
+        first = timed_calls(fn, 1, 1)[0]
+        return warm, first, int(min(50, max(3, math.ceil(budget_s * 1e3 / max(first, 1e-3)))))
+
+    def time_calls(fn):
+        """(median ms, min ms, timed calls, the warm-up's result) of fn: the warm-up, then timed
+        calls until the budget is spent."""
+        warm, first, reps = warm_and_size(fn)
+        times = [first] + timed_calls(fn, reps - 1, 2)
         return statistics.median(times), min(times), len(times), warm
+
+    cell_forwards = []  # [row, fn, calls the budget allows, ms so far] of the current cell
+
+    def defer_calls(fn):
+        """time_calls for a forward: the warm-up and the first timed call now, the rest in the cell's
+        rounds (time_rounds); until then the row holds the first call's time."""
+        warm, first, reps = warm_and_size(fn)
+        cell_forwards.append([None, fn, reps, [first]])
+        return first, first, 1, warm
+
+    def time_rounds(label):
+        """The cell's forwards in ROUNDS rounds, each with its share of its calls a round and the
+        order rotated a place a round; each row gets the median and minimum over all its calls."""
+        cases = [c for c in cell_forwards if c[0] is not None and c[0]["status"] == "ok"]
+        with torch.no_grad():
+            for r in range(ROUNDS if cases else 0):
+                shift = r % len(cases)
+                for row, fn, reps, times in cases[shift:] + cases[:shift]:
+                    share = (reps - 1) * (r + 1) // ROUNDS - (reps - 1) * r // ROUNDS
+                    times += timed_calls(fn, share, len(times) + 1)
+        for row, fn, reps, times in cases:
+            ms = statistics.median(times)
+            row.update(median_ms=ms, min_ms=min(times), runs=len(times),
+                       tflops=flops(row["batch"], row["heads"], row["seq"], row["head_dim"], row["causal"],
+                                    "forward") / (ms * 1e-3) / 1e12)
+            last_ms[(row["impl"], "forward", row["head_dim"], row["causal"])] = (row["seq"], ms)
+            err = f" err {row['err_vs_ref']:.1e}" if row["err_vs_ref"] is not None else ""
+            log(t0, f"{label} | {row['impl']:14s} forward  {ms:9.3f} ms {row['tflops']:7.2f} TFLOP/s{err}")
+        cell_forwards.clear()
 
     def rel_l2(x, ref):
         return (torch.linalg.vector_norm((x - ref).double()) / torch.linalg.vector_norm(ref.double())).item()
@@ -273,6 +311,7 @@ def main():
                                     raise Skip(f"slow: a call would take about {predicted:.1f} s (from the last N), "
                                                f"over --max-call-ms {args.max_call_ms:.0f}")
                             free = free_bytes()
+                            timer = defer_calls if direction == "forward" else time_calls
                             if st is not None:
                                 need = 2 * shape[0] * shape[1] * shape[2] * shape[3] * dtype.itemsize * n_sets
                                 if direction == "forward":
@@ -286,14 +325,16 @@ def main():
                                     raise Skip(f"does not fit: workspace {ws / 2**30:.1f} GiB + outputs "
                                                f"{need / 2**30:.1f} GiB > 90% of {free / 2**30:.1f} GiB free")
                                 ms, mn, runs, out = run_stage(torch, flash_stages, st, direction, sets, causal,
-                                                              time_calls, deterministic=impl.endswith("-det"))
+                                                              timer, deterministic=impl.endswith("-det"))
                             else:
                                 factor = quadratic.get(impl, {}).get(direction, 0)
                                 if factor and factor * quad_bytes > 0.9 * free:
                                     raise Skip(f"does not fit: about {factor * quad_bytes / 2**30:.1f} GiB of "
                                                f"N x N matrices > 90% of {free / 2**30:.1f} GiB free")
                                 ms, mn, runs, out = run_torch(torch, torch_fn[impl], direction, sets, causal, scale,
-                                                              mask, time_calls, heavy=bool(factor))
+                                                              mask, timer, heavy=bool(factor))
+                            if direction == "forward":
+                                cell_forwards[-1][0] = row
                             row.update(median_ms=ms, min_ms=mn, runs=runs,
                                        tflops=flops(batch, heads, seq, head_dim, causal, direction) / (ms * 1e-3)
                                        / 1e12)
@@ -322,11 +363,14 @@ def main():
                         except Exception as e:  # a bug in one case must not lose the others' results
                             row.update(status="error", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
                         results.append(row)
+                        if direction == "forward" and row["status"] == "ok":
+                            continue  # logged with its rounds' times
                         tf = f"{row['tflops']:7.2f} TFLOP/s" if row["tflops"] else ""
                         err = f" err {row['err_vs_ref']:.1e}" if row["err_vs_ref"] is not None else ""
                         detail = (f"{row['median_ms']:9.3f} ms {tf}{err}" if row["status"] == "ok"
                                   else f"{row['status']}: {row['reason']}")
                         log(t0, f"{label} | {impl:14s} {direction:8s} {detail}")
+                time_rounds(label)
                 del sets, mask, ref_o, ref_dq
                 torch.cuda.empty_cache()
 
@@ -339,7 +383,8 @@ def main():
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         python=platform.python_version(), dtype=args.dtype, tf32=False,
         grid=dict(tokens=TOKENS, hidden=HIDDEN, head_dims=HEAD_DIMS, seq_lens=seq_lens, causal=[False, True]),
-        timing=dict(method="CUDA events per call, median", warmup_calls=1, min_runs=3, max_runs=50,
+        timing=dict(method="CUDA events per call, median; a cell's forwards in interleaved rounds",
+                    rounds=ROUNDS, warmup_calls=1, min_runs=3, max_runs=50,
                     budget_ms=budget_s * 1e3, input_sets=n_sets, max_call_ms=args.max_call_ms),
         flops="forward 4*B*H*N^2*d, halved when causal; backward 2.5 x forward",
         reference=reference_impl, elapsed_s=round(elapsed, 1),
