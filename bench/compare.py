@@ -2,7 +2,7 @@
 """Side by side on one GPU: every stage of the course (through the flash_stages package) and PyTorch
 on the same inputs, forward and backward, over the FlashAttention benchmark grid.
 
-    PYTHONPATH=<build>/python python3 bench/compare.py            # the full grid: 176 s on the course's H100
+    PYTHONPATH=<build>/python python3 bench/compare.py            # the full grid: 173 s on the course's H100
     PYTHONPATH=<build>/python python3 bench/compare.py --quick    # a small subset, a smoke test
     PYTHONPATH=<build>/python python3 bench/compare.py --dtype bfloat16   # the half stages (forward)
     PYTHONPATH=<build>/python python3 bench/compare.py --decode           # stage 13 against SDPA's flash backend
@@ -30,7 +30,7 @@ disturbed run"), and a ratio of two medians timed apart took that in. A case is
 skipped, and the output says so, where it does not fit in free GPU memory (the O(N^2)-memory
 stages and PyTorch's naive and math paths at large N) or where the previous N's time predicts a
 call longer than --max-call-ms (3 s by default, which on an H100 skips nothing: the naive stages
-01-02 take about 2.4 s a call at N = 16384; lower it to leave them out). The full grid took 176 s
+01-02 take about 2.4 s a call at N = 16384; lower it to leave them out). The full grid took 173 s
 on the course's H100 (bench/results/compare_h100.md).
 
 TFLOP/s by the FlashAttention convention: forward 4*B*H*N^2*d, halved when causal; backward 2.5 x
