@@ -964,7 +964,13 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   };
   // Both roles walk the same work tiles and count the same K/V tiles (ring) and Q tiles (q_round),
   // so their barrier phases agree without talking.
-  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  // The warpgroup index as lane 0 of the warp has it: the same number as threadIdx.x / 128, but one
+  // that ptxas knows is the same in all 32 lanes. So is all that is computed from it (a consumer's
+  // first row, its first masked K/V tile, the bounds and counter of its K/V loops), and ptxas keeps
+  // those in uniform registers: the loops' barrier addresses and wgmma descriptors are computed once
+  // per warp on the uniform datapath, not in every thread and then copied over (R2UR) (lesson 12,
+  // "The warpgroup index, known uniform").
+  const int warpgroup = __shfl_sync(kFullWarp, threadIdx.x / kWarpgroupThreads, 0);
   if (warpgroup == Config::kConsumers) {
     // The producer. With kRegisterSplit it is a whole warpgroup, all of which must execute
     // setmaxnreg; one thread issues the copies either way.
