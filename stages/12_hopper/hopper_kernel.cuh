@@ -45,6 +45,9 @@
 // - Each work tile's search (which head, which query tile) divides by numbers fixed for the grid with
 //   a multiply-high and a shift (GridDivisor) instead of the division sequence, whose latency the
 //   consumers wait for between work tiles.
+// - The warpgroup index comes from lane 0 of the warp (a shuffle), so that ptxas knows it is the same
+//   in all 32 lanes: the K/V loops' counters, barrier addresses and wgmma descriptors, which depend on
+//   it through a consumer's rows, stay on the uniform datapath.
 // - O stored behind the next scores (kStoreBehindScores): a work tile's output is rounded when its
 //   last product is done, but written to shared memory and handed to the copy engine only once the
 //   next work tile's first S = Q K^T is on the tensor cores, so the store no longer delays it.
