@@ -15,6 +15,16 @@
 #include "hopper.cu"
 #include "launch.inc"
 
+// Every CUDA call of main() checked: the message names the call.
+#define CHECK(call)                                       \
+  do {                                                    \
+    const cudaError_t err = (call);                       \
+    if (err != cudaSuccess) {                             \
+      printf("%s: %s\n", #call, cudaGetErrorString(err)); \
+      return 1;                                           \
+    }                                                     \
+  } while (0)
+
 __global__ void fill(__nv_bfloat16* x, size_t n, unsigned seed) {
   size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
   if (i < n) {
@@ -42,39 +52,40 @@ int main(int argc, char** argv) {
   size_t n = (size_t)B * H * N * D;
   __nv_bfloat16 *q, *k, *v, *o;
   float* lse;
-  cudaMalloc(&q, n * 2);
-  cudaMalloc(&k, n * 2);
-  cudaMalloc(&v, n * 2);
-  cudaMalloc(&o, n * 2);
-  cudaMalloc(&lse, (size_t)B * H * N * 4);
+  CHECK(cudaMalloc(&q, n * 2));
+  CHECK(cudaMalloc(&k, n * 2));
+  CHECK(cudaMalloc(&v, n * 2));
+  CHECK(cudaMalloc(&o, n * 2));
+  CHECK(cudaMalloc(&lse, (size_t)B * H * N * 4));
   fill<<<(n + 255) / 256, 256>>>(q, n, 1);
   fill<<<(n + 255) / 256, 256>>>(k, n, 2);
   fill<<<(n + 255) / 256, 256>>>(v, n, 3);
+  CHECK(cudaGetLastError());
   float scale = 1.0f / sqrtf((float)D);
   cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
   std::vector<float> ms;
   auto run = [&] { return run_stage12(q, k, v, o, lse, B, H, N, D, scale, causal); };
   for (int it = 0; it < 40; ++it) {
-    cudaEventRecord(e0);
+    CHECK(cudaEventRecord(e0));
     auto s = run();
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
     if (!s.ok()) {
       printf("forward failed: %s\n", flash::to_string(s).c_str());
       return 1;
     }
     float t;
-    cudaEventElapsedTime(&t, e0, e1);
+    CHECK(cudaEventElapsedTime(&t, e0, e1));
     ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
   {
     std::vector<unsigned short> ho(n);
     std::vector<float> hl((size_t)B * H * N);
-    cudaMemcpy(ho.data(), o, n * 2, cudaMemcpyDeviceToHost);
-    cudaMemcpy(hl.data(), lse, hl.size() * 4, cudaMemcpyDeviceToHost);
+    CHECK(cudaMemcpy(ho.data(), o, n * 2, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(hl.data(), lse, hl.size() * 4, cudaMemcpyDeviceToHost));
     unsigned long long h1 = 1469598103934665603ull, h2 = h1;
     for (unsigned short x : ho) h1 = (h1 ^ x) * 1099511628211ull;
     for (float x : hl) {
@@ -87,15 +98,11 @@ int main(int argc, char** argv) {
   static long long tr[stage12::kTraceBlocks][stage12::kTraceSteps][2][stage12::kTraceEvents];
   static long long bn[stage12::kTraceBlocks][3];
   std::vector<long long> zero(sizeof(tr) / 8, 0);
-  cudaMemcpyToSymbol(stage12::g_trace, zero.data(), sizeof(tr));
-  run();
-  cudaDeviceSynchronize();
-  cudaMemcpyFromSymbol(tr, stage12::g_trace, sizeof(tr));
-  cudaMemcpyFromSymbol(bn, stage12::g_block_ns, sizeof(bn));
-  if (cudaGetLastError() != cudaSuccess) {
-    printf("cuda error\n");
-    return 1;
-  }
+  CHECK(cudaMemcpyToSymbol(stage12::g_trace, zero.data(), sizeof(tr)));
+  if (!run().ok()) return 1;
+  CHECK(cudaDeviceSynchronize());
+  CHECK(cudaMemcpyFromSymbol(tr, stage12::g_trace, sizeof(tr)));
+  CHECK(cudaMemcpyFromSymbol(bn, stage12::g_block_ns, sizeof(bn)));
   double flops = 4.0 * B * H * (double)N * N * D / (causal ? 2 : 1);
   printf("== B%d H%d N%d d%d causal%d: median %.4f ms (%.1f TFLOP/s), min %.4f\n", B, H, N, D, causal,
          ms[ms.size() / 2], flops / ms[ms.size() / 2] / 1e9, ms[0]);
@@ -115,7 +122,8 @@ int main(int argc, char** argv) {
   double span = double(gmax - gmin);
   printf("  blocks: span %.1f us; block end min %.1f median %.1f max %.1f us; mean busy/span %.4f\n", span / 1e3,
          ends[0] / 1e3, ends[ends.size() / 2] / 1e3, ends.back() / 1e3, mean(busy) / span);
-  // clock rate: block 0's consumer 0, first E0 to last E10 vs its ns
+  // Per consumer and K/V-tile count, the median cycles between consecutive events, in the order ev lists them
+  // (event 7 closes the K/V loops: that span is divided by their steps).
   {
     const int ev[] = {-1, 19, 0, 12, 1, 2, 3, 13, 14, 15, 16, 17, 18, 4, 5, 6, 7, 8, 9, 10};
     const char* nm[] = {"",         "loop top", "search",          "to q wait",     "q wait",  "k0 wait", "turn",

@@ -967,11 +967,10 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   };
   // Both roles walk the same work tiles and count the same K/V tiles (ring) and Q tiles (q_round),
   // so their barrier phases agree without talking.
-  // The warpgroup index as lane 0 of the warp has it: the same number as threadIdx.x / 128, but one
-  // that ptxas knows is the same in all 32 lanes. So is all that is computed from it (a consumer's
-  // first row, its first masked K/V tile, the bounds and counter of its K/V loops), and ptxas keeps
-  // those in uniform registers: the loops' barrier addresses and wgmma descriptors are computed once
-  // per warp on the uniform datapath, not in every thread and then copied over (R2UR) (lesson 12,
+  // threadIdx.x / 128 as lane 0 has it: the same number, but one that ptxas knows is the same in all
+  // 32 lanes, and so is what follows from it (a consumer's rows, its first masked K/V tile, its K/V
+  // loops' bounds and counter). The loops' barrier addresses and wgmma descriptors then stay in
+  // uniform registers instead of being computed per thread and copied over (R2UR) (lesson 12,
   // "The warpgroup index, known uniform").
   const int warpgroup = __shfl_sync(kFullWarp, threadIdx.x / kWarpgroupThreads, 0);
   if (warpgroup == Config::kConsumers) {
