@@ -56,10 +56,12 @@ tests_phase() {
 
 sanitize() {
   # Every stage12::Variant but kRegistered (0), which is one of them (hopper.h); variant 12 also on a
-  # case that takes its 160-key kernel (head_dim 64, seq_kv >= 4096 causal); variants 13 and 14 on one
-  # whose causal pairs are followed by single tiles (160 heads, more than half the SMs).
-  cases="$(for v in $(seq 1 14); do echo "$v:d128_b2h8kv2_q129_k63_causal"; done) 12:d64_b1h2kv1_q257_k4133_causal
-         13:d128_b4h40kv8_q300_k257_causal 14:d128_b4h40kv8_q300_k257_causal"
+  # case that takes its 160-key kernel (head_dim 64, seq_kv >= 4096 causal); variants 13 to 15 on one
+  # whose causal pairs are followed by single tiles (160 heads, more than half the SMs); variant 15 also
+  # on one that takes version A's kernel (head_dim 64, not causal).
+  cases="$(for v in $(seq 1 15); do echo "$v:d128_b2h8kv2_q129_k63_causal"; done) 12:d64_b1h2kv1_q257_k4133_causal
+         13:d128_b4h40kv8_q300_k257_causal 14:d128_b4h40kv8_q300_k257_causal 15:d128_b4h40kv8_q300_k257_causal
+         15:d64_b4h40kv8_q300_k257"
   for c in $cases; do
     v=${c%%:*} shape=${c#*:}
     for dtype in bf16 fp16; do

@@ -73,6 +73,7 @@ registry::ForwardFn variant_fn(stage12::Variant v) {
     case stage12::Variant::kWideKeyTiles: return variant_forward<stage12::Variant::kWideKeyTiles>;
     case stage12::Variant::kSinglesAfterPairs: return variant_forward<stage12::Variant::kSinglesAfterPairs>;
     case stage12::Variant::kPairsAtAnyHeadCount: return variant_forward<stage12::Variant::kPairsAtAnyHeadCount>;
+    case stage12::Variant::kVersionAAtHeadDim64: return variant_forward<stage12::Variant::kVersionAAtHeadDim64>;
   }
   return nullptr;
 }
@@ -119,7 +120,8 @@ std::vector<VariantCase> variant_cases() {
   for (stage12::Variant variant :
        {stage12::Variant::kPersistent, stage12::Variant::kTilePairs, stage12::Variant::kBackToBack,
         stage12::Variant::kStoreBehindScores, stage12::Variant::kLeftoverUnmasked, stage12::Variant::kWideKeyTiles,
-        stage12::Variant::kSinglesAfterPairs, stage12::Variant::kPairsAtAnyHeadCount})
+        stage12::Variant::kSinglesAfterPairs, stage12::Variant::kPairsAtAnyHeadCount,
+        stage12::Variant::kVersionAAtHeadDim64})
     add_cases(variant, many_tiles);
   // Pairs and the single tiles after them with an odd count of query tiles (causal): 140 heads of 5 query
   // tiles, 3 units a head, 44 heads in the tail; with kPairsAtAnyHeadCount, also 8 heads of 64 query tiles,
@@ -130,6 +132,7 @@ std::vector<VariantCase> variant_cases() {
   };
   add_cases(stage12::Variant::kSinglesAfterPairs, tails);
   add_cases(stage12::Variant::kPairsAtAnyHeadCount, tails);
+  add_cases(stage12::Variant::kVersionAAtHeadDim64, tails);
   // 160 keys a K/V tile (kWideKeyTiles) at head_dim 64, where seq_kv >= 2048 (causal: 4096); the
   // shorter shapes above take the 128-key kernel. At head_dim 128, the same shapes on 128 keys.
   const int long_keys[][5] = {
@@ -139,6 +142,7 @@ std::vector<VariantCase> variant_cases() {
       {1, 140, 20, 16, 4100},  // 140 work tiles, more than an H100 has SMs, each of 26 K/V tiles
   };
   add_cases(stage12::Variant::kWideKeyTiles, long_keys);
+  add_cases(stage12::Variant::kVersionAAtHeadDim64, long_keys);  // version A at head_dim 64, not causal
   // A negative scale (Q negated in shared memory, with its proxy fence) for every variant; a zero
   // scale, where every visible key weighs the same, masked tiles included.
   for (int v = 1; v < stage12::kVariantCount; ++v) {

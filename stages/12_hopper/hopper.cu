@@ -289,6 +289,7 @@ const char* variant_name(Variant variant) {
     case Variant::kWideKeyTiles: return "+ 160-key tiles (d64, long seq_kv)";
     case Variant::kSinglesAfterPairs: return "+ single tiles after the pairs";
     case Variant::kPairsAtAnyHeadCount: return "+ pairs at any head count";
+    case Variant::kVersionAAtHeadDim64: return "+ version A at head_dim 64, not causal";
   }
   return "unknown variant";
 }
@@ -340,6 +341,18 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
       return launch_key_tiles(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype,
                               stream, Schedule::kPairsThenSingles);
     case Variant::kPairsAtAnyHeadCount:
+      return launch_key_tiles(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype,
+                              stream, Schedule::kPairsAlways);
+    case Variant::kVersionAAtHeadDim64:
+      // At head_dim 64 without the mask, version A: one consumer warpgroup in order, a block per work
+      // tile, up to three blocks an SM (128 registers for 160 threads, about 73 KB of shared memory), whose
+      // softmaxes and boundaries fall at different times, where the persistent kernel's two consumers
+      // meet every boundary together. Measured faster at every N there once the K/V loops stayed on
+      // the uniform datapath (lesson 12, "Version A again at head_dim 64"); with the mask, and at
+      // head_dim 128, it is far behind.
+      if (head_dim == 64 && !causal)
+        return launch_config<VariantA>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
+                                       causal, dtype, stream);
       return launch_key_tiles(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype,
                               stream, Schedule::kPairsAlways);
     case Variant::kLeftoverUnmasked:

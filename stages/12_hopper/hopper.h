@@ -39,12 +39,13 @@ enum class Variant : int {
   kLeftoverUnmasked,   // a tile left over after the loop's pairs runs unmasked where none needs the mask
   kWideKeyTiles,       // K/V tiles of 160 keys at head_dim 64 on long sequences
   kSinglesAfterPairs,  // causal pairs: about a pass of them, in whole heads, as single tiles at the end
-  kPairsAtAnyHeadCount,  // the last: those pairs and single tiles at any head count
+  kPairsAtAnyHeadCount,  // those pairs and single tiles at any head count
+  kVersionAAtHeadDim64,  // the last: version A's kernel at head_dim 64 without the mask, the pairs elsewhere
 };
 // How many Variant values there are, kRegistered included.
-constexpr int kVariantCount = 15;
+constexpr int kVariantCount = 16;
 // The configuration forward() runs: every piece switched on.
-constexpr Variant kRegisteredVariant = Variant::kPairsAtAnyHeadCount;
+constexpr Variant kRegisteredVariant = Variant::kVersionAAtHeadDim64;
 
 // "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
 const char* variant_name(Variant variant);
