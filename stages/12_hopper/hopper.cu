@@ -348,7 +348,7 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
       // tile, up to three blocks an SM (128 registers for 160 threads, about 73 KB of shared memory), whose
       // softmaxes and boundaries fall at different times, where the persistent kernel's two consumers
       // meet every boundary together. Measured faster at every N there once the K/V loops stayed on
-      // the uniform datapath (lesson 12, "Version A again at head_dim 64"); with the mask, and at
+      // the uniform datapath (lesson 12, "Version A again for head dimension 64"); with the mask, and at
       // head_dim 128, it is far behind.
       if (head_dim == 64 && !causal)
         return launch_config<VariantA>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
