@@ -142,7 +142,7 @@ std::vector<VariantCase> variant_cases() {
       {1, 140, 20, 16, 4100},  // 140 work tiles, more than an H100 has SMs, each of 26 K/V tiles
   };
   add_cases(stage12::Variant::kWideKeyTiles, long_keys);
-  add_cases(stage12::Variant::kVersionAAtHeadDim64, long_keys);  // version A at head_dim 64, not causal
+  add_cases(stage12::Variant::kVersionAAtHeadDim64, long_keys);  // not causal at head_dim 64: version A's kernel
   // A negative scale (Q negated in shared memory, with its proxy fence) for every variant; a zero
   // scale, where every visible key weighs the same, masked tiles included.
   for (int v = 1; v < stage12::kVariantCount; ++v) {

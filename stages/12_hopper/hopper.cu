@@ -344,12 +344,11 @@ flash::Status forward_variant(Variant variant, const void* q, const void* k, con
       return launch_key_tiles(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype,
                               stream, Schedule::kPairsAlways);
     case Variant::kVersionAAtHeadDim64:
-      // At head_dim 64 without the mask, version A: one consumer warpgroup in order, a block per work
-      // tile, up to three blocks an SM (128 registers for 160 threads, about 73 KB of shared memory), whose
-      // softmaxes and boundaries fall at different times, where the persistent kernel's two consumers
-      // meet every boundary together. Measured faster at every N there once the K/V loops stayed on
-      // the uniform datapath (lesson 12, "Version A again for head dimension 64"); with the mask, and at
-      // head_dim 128, it is far behind.
+      // At head_dim 64 without the mask, version A's kernel: measured faster than the pieces after it at
+      // every N there once the K/V loops stayed on the uniform datapath, and far behind with the mask or
+      // at head_dim 128 (lesson 12, "Version A again for head dimension 64"). The likely reason, not
+      // profiled: up to three of its blocks share an SM, and their softmaxes and boundaries fall at
+      // different times, where the persistent kernel's two consumers meet every boundary together.
       if (head_dim == 64 && !causal)
         return launch_config<VariantA>(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale,
                                        causal, dtype, stream);

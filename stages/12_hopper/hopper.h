@@ -44,7 +44,7 @@ enum class Variant : int {
 };
 // How many Variant values there are, kRegistered included.
 constexpr int kVariantCount = 16;
-// The configuration forward() runs: every piece switched on.
+// The configuration forward() runs: the last variant (every piece, and version A's kernel where it wins).
 constexpr Variant kRegisteredVariant = Variant::kVersionAAtHeadDim64;
 
 // "A: 1 consumer warpgroup, in order", ...: how the lesson's table names a variant.
