@@ -1,6 +1,7 @@
 # Times builds of driver.cu against each other (scripts/stage12_boundary_trace): R rounds, the order rotated each
 # round; per cell the median of each binary's per-round medians (a round: 40 launches, their median) and its
-# ratio to the first binary's.
+# ratio to the first binary's; then the checksums of O and lse each binary printed (one per binary when the
+# runs agree with themselves; the same across binaries when a change keeps the arithmetic).
 #   python3 ab.py BIN1,BIN2,... BxHxNxDxCAUSAL,... [R]
 import re, subprocess, sys, statistics
 bins = sys.argv[1].split(",")

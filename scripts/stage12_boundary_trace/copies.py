@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Copies of stage 12's registered kernel for timing its work-tile boundary (RUNS.md, fourteenth session,
-calls 1-4; lesson 12, "The work-tile boundary, cycle by cycle"). Each copy is a folder that driver.cu builds
+calls 1-8; lesson 12, "The work-tile boundary, cycle by cycle"). Each copy is a folder that driver.cu builds
 against: hopper_kernel.cuh and a hopper.cu cut before variant_name (so that only the kernels of one launch
 compile) and the headers they include, all from a git ref, and launch.inc, the launch driver.cu calls.
 
