@@ -28,7 +28,7 @@ import pathlib
 import re
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TODO = re.compile(r"^\s*// TODO\(exercise\):")
 END = re.compile(r"^\s*// END TODO\(exercise\)\s*$")
 LESSON = re.compile(r'Lesson: (stages/[\w.-]+/README\.md), ("[^"]+"(?:(?:,| and) "[^"]+")*)')
@@ -103,7 +103,7 @@ def compare(ex, stage):
         if b is None:
             problems.append(f"{rel(ex)}:{i1 + 1}: differs from {rel(stage)}:{j1 + 1} outside any TODO(exercise) "
                             f"block ({tag} of {max(i2 - i1, j2 - j1)} lines): the stage changed? "
-                            f"scripts/exercises.py refresh carries its changes in")
+                            f"scripts/checks/exercises.py refresh carries its changes in")
         else:
             touched.add(b)
     for b in blocks:

@@ -13,7 +13,7 @@
 #   compare_h100_decode.md    compare.py --decode's table     (table:decode-compare)
 #   compare_h100_decode.json  its data; compare_h100_decode.png its plot (README)
 #   h100_stage13_splits.txt   stage13-splits: forced split counts (kBlockOverheadSteps's fit)
-# Usage: OUT=... scripts/gpu_check_decode.sh
+# Usage: OUT=... scripts/device/gpu_check_decode.sh
 set -uo pipefail
 out=${OUT:-gpu-logs}
 res="$out/results"

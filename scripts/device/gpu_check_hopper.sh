@@ -10,7 +10,7 @@
 #             against SDPA (flash, cuDNN) in bf16 and fp16
 #   all       the four in order
 # Logs land in $OUT/results (and $OUT/results.tgz); a summary goes to stdout.
-# Usage: scripts/gpu_check_hopper.sh [smoke|tests|sanitize|perf|all]   (default smoke)
+# Usage: scripts/device/gpu_check_hopper.sh [smoke|tests|sanitize|perf|all]   (default smoke)
 set -uo pipefail
 phase=${1:-smoke}
 out=${OUT:-gpu-logs}

@@ -4,13 +4,13 @@
 #      kernel on small ragged problems, against the fp64 reference;
 #   2. stage05-ablation: stage 04 -> 05 one change at a time, and stage 06's block order and
 #      causal/non-causal ratio (every variant checked before it is timed);
-#   3. Nsight Compute on stages 01-07 at head_dim 64 and 03-07 at 128 (scripts/profile_stages.sh);
+#   3. Nsight Compute on stages 01-07 at head_dim 64 and 03-07 at 128 (scripts/profile/profile_stages.sh);
 #   4. stage05-ablation --quick under racecheck.
 # Run from the repository root, after the build:
 #   cmake -S . -B build-gpu -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DFLASH_TESTS=ON && cmake --build build-gpu -j 16
-#   OUT=<folder> scripts/gpu_check_ablation.sh [build folder, default build-gpu]
+#   OUT=<folder> scripts/device/gpu_check_ablation.sh [build folder, default build-gpu]
 # Into $OUT (default gpu-logs), under the names bench/results/ gives them (copy them there, then
-# python3 scripts/make_tables.py --update README.md docs/mainpage.md docs/theory/*.md stages/*/README.md):
+# python3 scripts/docs/make_tables.py --update README.md docs/mainpage.md docs/theory/*.md stages/*/README.md):
 #   h100_stage05_ablation.txt  h100_ncu_d64.csv  h100_ncu_d128.csv
 # and, not for bench/results/: gpu.txt, sanitizer_ablation.log, the profiler's summaries.
 # Exit status 0 when every step passed.
@@ -52,7 +52,7 @@ grep -v "^# check" "$out/h100_stage05_ablation.txt"
 # stages 01-02 at 128 would take a minute of the budget).
 for d in 64 128; do
   stages="1 2 3 4 5 6 7"; [ $d = 128 ] && stages="3 4 5 6 7"
-  if BUILD="$build" OUT="$out" timeout 200 bash scripts/profile_stages.sh $d "$stages" > "$out/ncu_d$d.txt" 2>&1; then
+  if BUILD="$build" OUT="$out" timeout 200 bash scripts/profile/profile_stages.sh $d "$stages" > "$out/ncu_d$d.txt" 2>&1; then
     echo "profile d$d: $(grep -c . "$out/h100_ncu_d$d.csv") rows in h100_ncu_d$d.csv"
   else
     echo "profile d$d: FAILED"; tail -20 "$out/ncu_d$d.txt"; status=1

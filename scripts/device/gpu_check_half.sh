@@ -3,8 +3,8 @@
 # the runner, compute-sanitizer on the stages given (default 10) in both dtypes, Nsight Compute on stages 08-10, the
 # stage 10 tile-shape variants, bench/compare.py in bf16 and fp16, and stage 10's benchmark families.
 # Everything lands in $OUT/results.tgz (the device tool returns few files), with a summary on stdout.
-# Usage: scripts/gpu_check_half.sh [stages to sanitize, default "10"]
-#        (scripts/gpu_check.sh is the fp32 course's full run)
+# Usage: scripts/device/gpu_check_half.sh [stages to sanitize, default "10"]
+#        (scripts/device/gpu_check.sh is the fp32 course's full run)
 set -uo pipefail
 out=${OUT:-gpu-logs}
 res="$out/results"
@@ -40,7 +40,7 @@ for stage in ${1:-10}; do
 done > "$res/h100_sanitizer_half.txt"
 echo "sanitizer: $(grep -c clean "$res/h100_sanitizer_half.txt") of $(wc -l < "$res/h100_sanitizer_half.txt") clean"
 
-OUT="$res" timeout 120 bash scripts/profile_tensor_stages.sh 128 > /dev/null 2>&1 || echo "profile d128 failed"
+OUT="$res" timeout 120 bash scripts/profile/profile_tensor_stages.sh 128 > /dev/null 2>&1 || echo "profile d128 failed"
 mv "$res/ncu_tensor_d128_raw.csv" "$res/h100_ncu_tensor_d128_raw.csv" 2>/dev/null
 timeout 150 $BUILD/bin/stage10-variants > "$res/h100_stage10_variants.txt" 2>&1 || status=1
 

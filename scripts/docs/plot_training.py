@@ -7,7 +7,7 @@ backward), with SDPA's flash backend (FlashAttention-2, the reference) and with 
 (the spread that bf16 rounding alone causes). With FLASH_TRAINING_OUT set it writes the three curves
 as JSON; bench/results/h100_training_bf16.json is that file from the H100 run (bench/results/RUNS.md).
 
-    python3 scripts/plot_training.py [--json bench/results/h100_training_bf16.json] [--out FILE.png]
+    python3 scripts/docs/plot_training.py [--json bench/results/h100_training_bf16.json] [--out FILE.png]
 
 writes FILE.png (default: the JSON's name with .png), 850 pixels wide so that it fits the lesson's page
 on the site, with two panels:
@@ -29,7 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 TEST = ROOT / "tests/python/test_training.py"
 CURVES = {  # JSON key -> (label, line style, colour)
     "flash_stages": ("flash_stages (stage 10 fwd, stage 11 bwd)", "-", "tab:blue"),

@@ -2,7 +2,7 @@
 """Where a kernel's exp2 (MUFU.EX2) sit among its mma (HMMA) in SASS: lesson 11's count.
 
 Usage: cuobjdump -sass backward_tc.cubin > backward_tc.sass
-       scripts/sass_exp_placement.py backward_tc.sass 'dk_dv_kernelI13__nv_bfloat16Li64ELb0ELNS_6DqModeE2E.*ELi128ELi1E'
+       scripts/profile/sass_exp_placement.py backward_tc.sass 'dk_dv_kernelI13__nv_bfloat16Li64ELb0ELNS_6DqModeE2E.*ELi128ELi1E'
 
 For each function whose mangled name matches the pattern: its instruction count, its MUFU.EX2 and HMMA
 instructions, and how many of the MUFU.EX2 have an HMMA within WINDOW instructions both before and

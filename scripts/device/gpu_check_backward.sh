@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's run for stage 11 (the tensor-core backward), in steps that each fit one device
 # command (10 minutes). Everything lands in $OUT (default gpu-logs), with a summary on stdout.
-# Usage: scripts/gpu_check_backward.sh STEP
+# Usage: scripts/device/gpu_check_backward.sh STEP
 #   build      configure and build build-gpu for sm_90; ptxas's registers and spills of stage 11's kernels
 #   test       ctest -R stage11 (CPU validation and the GPU sweep in bf16 and fp16, both modes)
 #   sanitize   compute-sanitizer (memcheck, racecheck, synccheck) on stage 11's backward, both modes,

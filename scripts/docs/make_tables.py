@@ -2,9 +2,9 @@
 """Turns measured results into the Markdown tables of README.md and the lessons.
 
 Every figure in those tables comes from a file under bench/results/, written on the GPU machine by
-scripts/gpu_check.sh (the benchmark's JSON and the runner's output). Nothing is typed by hand:
+scripts/device/gpu_check.sh (the benchmark's JSON and the runner's output). Nothing is typed by hand:
 
-    python3 scripts/make_tables.py --update README.md stages/*/README.md
+    python3 scripts/docs/make_tables.py --update README.md stages/*/README.md
 
 rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` with table NAME:
   course      every stage at batch 4, 16 heads, seq 4096, head_dim 64 and 128 (non-causal; causal
@@ -18,15 +18,15 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   ptxas-stage11   registers and spills of stage 11's kernels per head_dim (the same file)
   ncu-dNN     Nsight Compute metrics of the fused kernels (stages 03-06) at head_dim NN, one row per
               metric, one column per stage, from bench/results/h100_ncu_dNN.csv
-              (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time, and
+              (scripts/profile/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time, and
               the share of instructions that are not FFMA where the CSV counts all instructions
   ncu-kernels-dNN  the same metrics for the stages profiled as several kernels (01, 02: scores,
               softmax, P V; 07: its backward's three), one column per kernel
   stage05-ablation  stage 04 -> 05 one change at a time (bench/stage05_ablation.cu's output,
-              bench/results/h100_stage05_ablation.txt, written by scripts/gpu_check_ablation.sh)
+              bench/results/h100_stage05_ablation.txt, written by scripts/device/gpu_check_ablation.sh)
   stage06-order  from the same file: stage 06's causal/non-causal ratio, its heaviest-first order
               against the natural order
-              (scripts/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time
+              (scripts/profile/profile_stages.sh NN); plus FP32 TFLOP/s achieved = 2 x FFMA / kernel time
   stage12-compare  stage 12 in bench/compare.py's bf16 and fp16 runs: TFLOP/s and its speed over stage 10,
               FlashAttention-2 and cuDNN per cell, with the geometric means
   stage12-variants-dNN  stage 12 one piece at a time at head_dim NN (bench/stage12_variants.cu's output,
@@ -65,7 +65,7 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
               call): time, registers, warps active, SM, tensor pipe, busiest memory unit and DRAM
               throughput, share of the call (h100_ncu_stage11_dD.csv and _tensor.csv)
 Both decode tables say "not measured yet" and name the script until their file is committed
-(scripts/gpu_check_decode.sh writes both).
+(scripts/device/gpu_check_decode.sh writes both).
 
 Single figures in running text are generated the same way, inline:
 
@@ -75,7 +75,7 @@ where SPEC names one measured figure (see `value()` below for the forms), e.g.
 `bench/05/d64/c0/4096/tflops`, `speedup/04/05/d64`, `compare/naive-torch/backward/d64/c0/4096`,
 `anchor/fp32-matmul`. The figure between the markers is rewritten by --update like a table.
 
-    python3 scripts/make_tables.py --check [FILES]
+    python3 scripts/docs/make_tables.py --check [FILES]
 
 changes nothing and exits 1 if any table or inline figure in FILES (default: every Markdown page of
 the course) differs from what bench/results/ gives, or needs a file bench/results/ does not have (it
@@ -89,7 +89,7 @@ import math
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench/results/h100_bench.json"
 RUNNER = ROOT / "bench/results/h100_runner.txt"
 RESULTS = ROOT / "bench/results"
@@ -177,7 +177,7 @@ def runner_table():
 
 
 # Nsight Compute metric -> (row label, divisor, decimals), in the order the table shows them. The rows
-# after the first ten are shown only where the CSV has the metric (scripts/profile_stages.sh collects
+# after the first ten are shown only where the CSV has the metric (scripts/profile/profile_stages.sh collects
 # them since issue 14's "what binds" and stage 03's 6x).
 NCU_ROWS = {
     "gpu__time_duration.sum": ("kernel time (ms)", 1e6, 2),
@@ -211,7 +211,7 @@ def ncu_path(head_dim):
 
 
 def load_ncu_kernels(head_dim):
-    """{stage: {kernel: {metric: value}}} from the CSV of scripts/profile_stages.sh (first column: the
+    """{stage: {kernel: {metric: value}}} from the CSV of scripts/profile/profile_stages.sh (first column: the
     stage; then Nsight Compute's columns, the kernel's name sixth), kernels in the order profiled.
     Values that are not numbers (n/a) are left out."""
     out = {}
@@ -268,7 +268,7 @@ def ncu_table(head_dim, runs):
     lines.append("")
     lines.append(f"Nsight Compute, one launch per stage, batch 4, 16 heads, seq 4096, head_dim {head_dim}, "
                  f"non-causal (stage 06 runs its non-causal kernel). From `bench/results/h100_ncu_d{head_dim}.csv`, "
-                 f"written by `scripts/profile_stages.sh {head_dim}`.")
+                 f"written by `scripts/profile/profile_stages.sh {head_dim}`.")
     return "\n".join(lines)
 
 
@@ -285,7 +285,7 @@ def ncu_kernels_table(head_dim):
     lines.append("")
     lines.append(f"Nsight Compute, one call per stage (stages 01-02: the three kernels of one forward; stage 07: "
                  f"the three of one backward), batch 4, 16 heads, seq 4096, head_dim {head_dim}, non-causal. From "
-                 f"`bench/results/h100_ncu_d{head_dim}.csv`, written by `scripts/profile_stages.sh {head_dim}`.")
+                 f"`bench/results/h100_ncu_d{head_dim}.csv`, written by `scripts/profile/profile_stages.sh {head_dim}`.")
     return "\n".join(lines)
 
 
@@ -306,7 +306,7 @@ def compare_half_table(tag):
     return f"{made_by}\n\n{body}\n\nNotes: `bench/results/compare_h100_{tag}.md`."
 
 
-# Rows of the tensor-core profile (scripts/profile_tensor_stages.sh): metric -> (label, divisor, decimals).
+# Rows of the tensor-core profile (scripts/profile/profile_tensor_stages.sh): metric -> (label, divisor, decimals).
 NCU_TENSOR_ROWS = {
     "gpu__time_duration.sum": ("kernel time (ms)", 1e6, 3),
     "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": ("tensor pipe active (% of peak)", 1, 1),
@@ -345,7 +345,7 @@ def ncu_tensor_table(head_dim):
     lines.append(f"Nsight Compute, one launch per stage, bf16, batch 4, 16 heads, seq 4096, head_dim {head_dim}, "
                  f"not causal; stalls are warps stalled per issued instruction. From "
                  f"`bench/results/h100_ncu_tensor_d{head_dim}_raw.csv`, written by "
-                 f"`scripts/profile_tensor_stages.sh {head_dim}`.")
+                 f"`scripts/profile/profile_tensor_stages.sh {head_dim}`.")
     return "\n".join(lines)
 
 
@@ -384,7 +384,7 @@ def variants_table():
     lines.append("bf16 forward TFLOP/s on the FlashAttention grid (B·N = 16384, H·d = 2048), not causal unless "
                  "the column says so; \"as built\" is the registered stage with its own shape per head_dim. From "
                  "`bench/results/h100_stage10_variants.txt` (`build/bin/stage10-variants`, run by "
-                 "`scripts/gpu_check_half.sh`).")
+                 "`scripts/device/gpu_check_half.sh`).")
     return "\n".join(lines)
 
 
@@ -901,7 +901,7 @@ def ctest_value(what, log="h100_ctest"):
 
 
 def backward_split_table():
-    """Time of each backward kernel (scripts/profile_backward.sh): what the dQ pass costs."""
+    """Time of each backward kernel (scripts/profile/profile_backward.sh): what the dQ pass costs."""
     times = {}
     for row in csv.reader(NCU_BACKWARD.open()):
         d, kernel, value = int(row[0]), row[5], float(row[-1].replace(",", "")) / 1e6
@@ -919,7 +919,7 @@ def backward_split_table():
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Batch 4, 16 heads, seq 4096, not causal; Nsight Compute durations of one backward call. "
-                 "From `bench/results/h100_ncu_backward.csv` (`scripts/profile_backward.sh`).")
+                 "From `bench/results/h100_ncu_backward.csv` (`scripts/profile/profile_backward.sh`).")
     return "\n".join(lines)
 
 
@@ -937,7 +937,7 @@ def ptxas_backward_table():
         lines.append(f"| {label} | {cell(kernel, 64)} | {cell(kernel, 128)} |")
     lines.append("")
     lines.append(f"`nvcc -O3 -std=c++17 -arch=sm_90 -Xptxas -v` ({version.strip()}). From "
-                 f"`bench/results/ptxas_sm90.txt`, written by `scripts/ptxas_report.sh`.")
+                 f"`bench/results/ptxas_sm90.txt`, written by `scripts/device/ptxas_report.sh`.")
     return "\n".join(lines)
 
 
@@ -1004,7 +1004,7 @@ def ptxas_stage11_table():
     lines.append(f"Registers per thread (sm_90), the largest over bf16/fp16 and causal on/off, with the spill "
                  f"stores where ptxas reports any. Head_dim 64 runs 128 query rows per step where a block may use "
                  f"162 KiB of shared memory, 64 rows (the column beside it) below. `nvcc -O3 -std=c++17 -arch=sm_90 -Xptxas -v` ({version.strip()}). "
-                 f"From `bench/results/ptxas_sm90.txt`, written by `scripts/ptxas_report.sh`.")
+                 f"From `bench/results/ptxas_sm90.txt`, written by `scripts/device/ptxas_report.sh`.")
     return "\n".join(lines)
 
 
@@ -1092,7 +1092,7 @@ def ablation_table():
                  "scheme and `pad4` stage 05's kernel, line for line. × step: the time of the row above over this "
                  "row's; × stage 04: stage 04's time over this row's. Every variant matched the fp64 reference "
                  "and stage 05's output before it was timed. From `bench/results/h100_stage05_ablation.txt` "
-                 "(`scripts/gpu_check_ablation.sh`).")
+                 "(`scripts/device/gpu_check_ablation.sh`).")
     return "\n".join(lines)
 
 
@@ -1136,8 +1136,8 @@ DECODE_NAME = re.compile(r"stage(\d\d)_\w+/(\w+)/decode(?:_paged(\d+))?/d(\d+)/h
 
 def not_measured_yet(path):
     """The text of a table whose results file is not committed yet."""
-    return (f"Not measured yet: `scripts/gpu_check_decode.sh` writes `{path.relative_to(ROOT).as_posix()}` on the "
-            "GPU machine; once it is committed, `python3 scripts/make_tables.py --update` fills this table.")
+    return (f"Not measured yet: `scripts/device/gpu_check_decode.sh` writes `{path.relative_to(ROOT).as_posix()}` on the "
+            "GPU machine; once it is committed, `python3 scripts/docs/make_tables.py --update` fills this table.")
 
 
 def load_decode_bench():
@@ -1748,7 +1748,7 @@ def tables():
         try:
             out[name] = make()
         except FileNotFoundError as e:
-            MISSING[name] = f"{pathlib.Path(e.filename).name} (scripts/gpu_check_hopper.sh, bench/results/RUNS.md)"
+            MISSING[name] = f"{pathlib.Path(e.filename).name} (scripts/device/gpu_check_hopper.sh, bench/results/RUNS.md)"
     for d in (64, 128):
         if (RESULTS / f"h100_ncu_tensor_d{d}_raw.csv").exists():
             out[f"ncu-tensor-d{d}"] = ncu_tensor_table(d)
@@ -1757,13 +1757,13 @@ def tables():
         try:
             out[f"ncu-kernels-d{d}"] = ncu_kernels_table(d)
         except KeyError:
-            MISSING[f"ncu-kernels-d{d}"] = f"stages 01, 02 and 07 in {ncu_path(d).name} (scripts/profile_stages.sh {d})"
+            MISSING[f"ncu-kernels-d{d}"] = f"stages 01, 02 and 07 in {ncu_path(d).name} (scripts/profile/profile_stages.sh {d})"
     if ABLATION.exists():
         out["stage05-ablation"] = ablation_table()
         out["stage06-order"] = stage06_order_table()
     else:
         for name in ("stage05-ablation", "stage06-order"):
-            MISSING[name] = f"{ABLATION.name} (scripts/gpu_check_ablation.sh)"
+            MISSING[name] = f"{ABLATION.name} (scripts/device/gpu_check_ablation.sh)"
     for stage in sorted({k[0] for k in runs}):
         out[f"stage-{stage:02d}"] = stage_table(runs, stage)
     backward = load_bench(backward=True)
@@ -1993,7 +1993,7 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
             raise KeyError(metric)
         label, divisor, decimals = NCU_ROWS[metric]
         if metric not in metrics[stage]:
-            raise KeyError(f"{ncu_path(d).name} has no {metric} for stage {stage:02d}: run scripts/profile_stages.sh {d}")
+            raise KeyError(f"{ncu_path(d).name} has no {metric} for stage {stage:02d}: run scripts/profile/profile_stages.sh {d}")
         if kind == "ncu":
             return f"{metrics[stage][metric] / divisor:,.{decimals}f}"
         other = int(parts[4])
@@ -2068,7 +2068,7 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
         m = load_ncu(d)[stage]
         if "smsp__inst_executed.sum" not in m:
             raise KeyError(f"{ncu_path(d).name} has no smsp__inst_executed.sum for stage {stage:02d}: run "
-                           f"scripts/profile_stages.sh {d}")
+                           f"scripts/profile/profile_stages.sh {d}")
         return f"{nonffma_pct(m):.1f}"
     if kind == "ncu-kernel":  # ncu-kernel/dD/SS/KERNEL/METRIC
         d, stage, kernel, metric = int(parts[1][1:]), int(parts[2]), parts[3], parts[4]
@@ -2264,7 +2264,7 @@ class Values(dict):
             self[spec] = value(spec, **self.sources)
         except FileNotFoundError as e:
             raise SystemExit(f"no measured figure for value:{spec}: bench/results/{pathlib.Path(e.filename).name} "
-                             f"does not exist yet (scripts/gpu_check_ablation.sh and the profile scripts write it)")
+                             f"does not exist yet (scripts/device/gpu_check_ablation.sh and the profile scripts write it)")
         except (KeyError, IndexError, ValueError) as e:
             raise SystemExit(f"no measured figure for value:{spec} ({e!r})")
         return self[spec]
@@ -2323,7 +2323,7 @@ def check(paths, all_tables, values):
     n = len(paths)
     if stale:
         print(f"make_tables --check: {stale} of {n} files out of date; "
-              f"run python3 scripts/make_tables.py --update {' '.join(PAGES)}")
+              f"run python3 scripts/docs/make_tables.py --update {' '.join(PAGES)}")
         return 1
     print(f"make_tables --check: {n} files, every table and inline figure matches bench/results/")
     return 0

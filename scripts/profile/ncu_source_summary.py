@@ -3,9 +3,9 @@
 
   ncu --section SourceCounters --section WarpStateStats -o rep -k regex:dk_dv_kernel -c 1 <program>
   ncu -i rep.ncu-rep --page source --csv --print-source sass > raw.csv
-  scripts/ncu_source_summary.py reduce raw.csv > reduced.csv   # per instruction: SASS and stalls
-  scripts/ncu_source_summary.py report reduced.csv             # lesson 11's shares
-  scripts/ncu_source_summary.py regions reduced.csv NAME:LO:HI ...  # samples per range of offsets
+  scripts/profile/ncu_source_summary.py reduce raw.csv > reduced.csv   # per instruction: SASS and stalls
+  scripts/profile/ncu_source_summary.py report reduced.csv             # lesson 11's shares
+  scripts/profile/ncu_source_summary.py regions reduced.csv NAME:LO:HI ...  # samples per range of offsets
 
 reduce keeps, per SASS instruction, its offset from the kernel's first instruction, the instruction,
 its warp-stall sample count and its samples per stall reason (the other columns of the source view

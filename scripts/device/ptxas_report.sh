@@ -3,10 +3,10 @@
 # the compile-time figures of the lessons of stages 03, 07, 11 and 12. No GPU needed. Stage 12 is
 # compiled as the build compiles it for Hopper: sm_90a, with its kernels switched on.
 # Writes bench/results/ptxas_sm90.txt (the nvcc version, then ptxas's lines without compile times);
-# scripts/make_tables.py reads it (value:ptxas/..., table:ptxas-backward).
-# Usage: scripts/ptxas_report.sh
+# scripts/docs/make_tables.py reads it (value:ptxas/..., table:ptxas-backward).
+# Usage: scripts/device/ptxas_report.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 out=${OUT:-bench/results}/ptxas_sm90.txt
 obj=$(mktemp -d)
 trap 'rm -rf "$obj"' EXIT

@@ -5,11 +5,11 @@
 #   stages 03-06    the one fused kernel
 #   stage 07        the three kernels of one backward (D = rowsum(dO o O), dK/dV, dQ); its forward is
 #                   stage 06's kernel
-# Usage (GPU machine, after a build in build-gpu): scripts/profile_stages.sh [head_dim] [stages]
+# Usage (GPU machine, after a build in build-gpu): scripts/profile/profile_stages.sh [head_dim] [stages]
 #   head_dim 64 (default) or 128; stages default "1 2 3 4 5 6 7"; BUILD (default build-gpu) and
 #   OUT (default gpu-logs) from the environment.
 # Writes $OUT/h100_ncu_d<head_dim>.csv, one row per stage, kernel and metric: the stage's number,
-# then Nsight Compute's own CSV columns (scripts/make_tables.py reads it from bench/results/).
+# then Nsight Compute's own CSV columns (scripts/docs/make_tables.py reads it from bench/results/).
 set -euo pipefail
 build=${BUILD:-build-gpu}
 head_dim=${1:-64}
@@ -17,7 +17,7 @@ stages=${2:-1 2 3 4 5 6 7}
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
 
-# What the lessons read (scripts/make_tables.py, NCU_ROWS): time, FFMAs, the FMA pipe, shared-memory
+# What the lessons read (scripts/docs/make_tables.py, NCU_ROWS): time, FFMAs, the FMA pipe, shared-memory
 # loads, wavefronts and bank conflicts, barrier and short-scoreboard stalls, registers, occupancy;
 # for "what binds" (lesson 05): the shared-memory data pipe's throughput, the LSU pipe, the share of
 # scheduler cycles with no eligible warp, all warp instructions (against the FFMAs); for stages 01-02

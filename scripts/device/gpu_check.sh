@@ -3,7 +3,7 @@
 # suite (with the sweep under a T4's, an RTX 30/40 card's and the default shared memory per block),
 # the course runner, compute-sanitizer on each stage and on the smaller tiles of stages 04-07, the
 # exercises (failing as shipped, passing when solved), the benchmark. Logs go to $OUT (or
-# ./gpu-logs). Usage: scripts/gpu_check.sh [benchmark filter regex]
+# ./gpu-logs). Usage: scripts/device/gpu_check.sh [benchmark filter regex]
 set -uo pipefail
 out=${OUT:-gpu-logs}
 mkdir -p "$out"

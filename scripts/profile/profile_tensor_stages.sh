@@ -3,7 +3,7 @@
 # bf16, non-causal, batch 4, heads 16, seq 4096 (the runner's problem at that size). Stage 11 is a
 # backward: its main kernel (dk_dv_kernel) is profiled in the benchmark's backward of the same problem
 # at head_dim 128 (at head_dim 64 the benchmark's grid has 32 heads: the same B·N and H·d).
-# Usage (GPU machine, after a build in build-gpu): scripts/profile_tensor_stages.sh [head_dim]
+# Usage (GPU machine, after a build in build-gpu): scripts/profile/profile_tensor_stages.sh [head_dim]
 # Writes $OUT/ncu_tensor_d<head_dim>.csv (one row per metric, one column per stage) and the raw CSV.
 set -uo pipefail
 build=${BUILD:-build-gpu}

@@ -2,7 +2,7 @@
 # The profiler figures of the stage 07 lesson: how the backward's time splits between its three
 # kernels (D = rowsum(dO o O), the dK/dV pass, the dQ pass), from Nsight Compute on the first
 # backward call of the benchmark (batch 4, 16 heads, seq 4096, not causal), at head_dim 64 and 128.
-# Usage (GPU machine, after scripts/gpu_check.sh built build-gpu): scripts/profile_backward.sh
+# Usage (GPU machine, after scripts/device/gpu_check.sh built build-gpu): scripts/profile/profile_backward.sh
 set -euo pipefail
 build=${BUILD:-build-gpu}
 out=${OUT:-gpu-logs}

@@ -4,9 +4,9 @@
 # (WARPGROUP.DEPBAR.LE gsb0, 0x1) and the wait for P V after it (WARPGROUP.DEPBAR.LE gsb0, 0x0).
 # ptxas may move a wgmma.wait_group past ordinary instructions: a 0 here means the exponentials wait for
 # the product (lesson 12, "Intra-warpgroup overlap"). No GPU needed; compiles hopper.cu as the build does
-# for Hopper. Usage: scripts/sass_overlap.sh   (needs nvcc and cuobjdump on PATH)
+# for Hopper. Usage: scripts/profile/sass_overlap.sh   (needs nvcc and cuobjdump on PATH)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 obj=$(mktemp -d)
 trap 'rm -rf "$obj"' EXIT
 nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -DFLASH_STAGE12_SM90A=1 -I common \

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Draws the course's diagrams as SVG, from the kernels' own constants (issue 14).
 
-    python3 scripts/make_diagrams.py            write docs/diagrams/*.svg
-    python3 scripts/make_diagrams.py --check    change nothing; exit 1 if a committed SVG is stale
+    python3 scripts/docs/make_diagrams.py            write docs/diagrams/*.svg
+    python3 scripts/docs/make_diagrams.py --check    change nothing; exit 1 if a committed SVG is stale
 
 The thread and tile counts are read from the sources (notebooks/stage_sources.py parses their
 `constexpr int` lines), never typed here, so a picture changes when the kernel does and CI notices
@@ -30,7 +30,7 @@ import argparse
 import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs/diagrams"
 sys.path.insert(0, str(ROOT / "notebooks"))
 from stage_sources import STAGES, constants, tile_sizes  # noqa: E402
@@ -532,7 +532,7 @@ def main():
             print(f"wrote {path.relative_to(ROOT)}")
     if args.check:
         if stale:
-            print(f"make_diagrams --check: stale: {', '.join(stale)}; run python3 scripts/make_diagrams.py")
+            print(f"make_diagrams --check: stale: {', '.join(stale)}; run python3 scripts/docs/make_diagrams.py")
             return 1
         print(f"make_diagrams --check: {len(DIAGRAMS)} diagrams match the sources")
     return 0
