@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI for the course's documentation site and notebooks (issue 6). Called by .ci/run; also runs on its
+# CI for the course's documentation site and notebooks. Called by .ci/run; also runs on its
 # own: bash .ci/docs_and_notebooks.sh [build-dir]
 #
 # 1. installs what it needs from Debian (Doxygen, MathJax, Chromium, NumPy, Matplotlib, Jupyter);
@@ -30,9 +30,9 @@ echo "docs: packages ready ($((SECONDS - start)) s)"
 # Debian's Python: the one with python3-numpy, python3-matplotlib and the Jupyter kernel.
 PY=/usr/bin/python3
 
-# Every generated table and inline figure of the Markdown pages matches bench/results/ (issue 14).
-$PY scripts/make_tables.py --check
-$PY scripts/make_diagrams.py --check   # the SVG diagrams match the kernels' constants
+# Every generated table and inline figure of the Markdown pages matches bench/results/.
+$PY scripts/docs/make_tables.py --check
+$PY scripts/docs/make_diagrams.py --check   # the SVG diagrams match the kernels' constants
 
 build=${1:-build}
 if [ -f "$build/CMakeCache.txt" ]; then

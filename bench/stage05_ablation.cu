@@ -1,4 +1,4 @@
-// stage05-ablation: what each of stage 05's changes over stage 04 buys, measured (issue 14).
+// stage05-ablation: what each of stage 05's changes over stage 04 buys, measured.
 //
 // Stage 04 -> 05 changes about eight things at once. This program rebuilds the path between them as
 // compile-time variants of ONE kernel template, ablation_kernel<head_dim, Config>, whose Config
@@ -36,7 +36,7 @@
 // (every row), and on the timed problem against the fp64 reference (a sample of rows) and against
 // stage 05's (or 06's) output. A variant that fails is reported FAIL and not timed.
 //
-//   build/bin/stage05-ablation            the checks, then the table (scripts/gpu_check_ablation.sh
+//   build/bin/stage05-ablation            the checks, then the table (scripts/device/gpu_check_ablation.sh
 //                                         writes it to bench/results/h100_stage05_ablation.txt)
 //   build/bin/stage05-ablation --quick    the small checks only (for compute-sanitizer)
 //
@@ -50,6 +50,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_grid.h"
 #include "causal.h"
 #include "harness.h"
 #include "reference.h"
@@ -591,7 +592,7 @@ flash::Status as_built(const float* q, const float* k, const float* v, float* o,
 enum class Mode { kNonCausal, kCausal, kBoth };
 
 struct Variant {
-  const char* key;    // one word, what bench/results readers (scripts/make_tables.py) look up
+  const char* key;    // one word, what bench/results readers (scripts/docs/make_tables.py) look up
   const char* label;  // what it switches on, for the table
   Mode mode;          // non-causal problems, causal ones, or both
   Forward forward;
@@ -631,9 +632,9 @@ using ablation::variants;
 // ---------------------------------------------------------------------------------------------
 
 constexpr int kExitNoGpu = 2;
-constexpr uint64_t kSeed = 2024;
-constexpr int kTokens = 16384;  // the course grid: batch * seq = 16384 tokens, 16 heads
-constexpr int kHeads = 16;
+using bench_grid::kSeed;
+using bench_grid::kTokens;  // the course grid: batch * seq = kTokens, kFp32Heads heads
+constexpr int kHeads = bench_grid::kFp32Heads;
 constexpr int kWarmup = 3;
 constexpr int kRuns = 20;
 constexpr long long kReferenceRows = 256;  // sampled rows of a timed problem checked in fp64
@@ -761,7 +762,7 @@ bool contains(const std::vector<std::string>& keys, const std::string& key) {
 // Returns false when one failed.
 bool measure(int head_dim, int seq, bool causal, const char* stage_key, const std::vector<std::string>& keys,
              const std::vector<std::string>& failed_small) {
-  Run run(problem(kTokens / seq, kHeads, kHeads, seq, seq, head_dim, causal));
+  Run run(problem(bench_grid::batch_for(seq), kHeads, kHeads, seq, seq, head_dim, causal));
   const std::vector<long long> rows = harness::sample_rows(run.p.rows(), kReferenceRows);
   const reference::ForwardRows ref = reference::forward_rows(run.p, run.host, rows);
   std::vector<float> stage_o;
@@ -824,9 +825,9 @@ int main(int argc, char** argv) {
     // Stage 04 -> 05, one change at a time, and stage 06 without the mask (= stage 05).
     const std::vector<std::string> ladder = {"s04",     "base",    "tiles",  "oneexp", "warprows", "regtile",
                                              "shuffle", "float4",  "transp", "pad4",   "s05",      "s06"};
-    for (int head_dim : {64, 128}) ok = measure(head_dim, 4096, false, "s05", ladder, failed) && ok;
+    for (int head_dim : bench_grid::head_dims()) ok = measure(head_dim, 4096, false, "s05", ladder, failed) && ok;
     // Stage 06: its block order, and causal against non-causal at the same N.
-    for (int head_dim : {64, 128})
+    for (int head_dim : bench_grid::head_dims())
       for (int seq : {4096, 16384}) {
         ok = measure(head_dim, seq, true, "s06", {"s06", "heavy", "natural"}, failed) && ok;
         if (seq != 4096) ok = measure(head_dim, seq, false, "s05", {"s05", "s06"}, failed) && ok;

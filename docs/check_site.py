@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the built site the way a reader meets it (issue 6; run by CI after the docs target).
+"""Checks the built site the way a reader meets it (run by CI after the docs target).
 
     check_site.py <build>/docs/html [--root <repo>] [--page NAME.html ...] [--chromium PATH]
 

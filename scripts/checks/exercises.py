@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Keeps exercises/ in step with stages/ (issue 13): an exercise is its stage's source with the lines
+"""Keeps exercises/ in step with stages/: an exercise is its stage's source with the lines
 that carry the stage's idea cut out, and nothing else changed.
 
     exercises.py [check]     the CI check (ctest: cpu_exercises_match_stages)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the GPU machine is asked to do in one call: build for the local GPU, the full test
+# Everything the GPU machine is asked to do, in one script: build for the local GPU, the full test
 # suite (with the sweep under a T4's, an RTX 30/40 card's and the default shared memory per block),
 # the course runner, compute-sanitizer on each stage and on the smaller tiles of stages 04-07, the
 # exercises (failing as shipped, passing when solved), the benchmark. Logs go to $OUT (or

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU run of issue 14's measured ablations, in one call (about four minutes on an H100):
+# The GPU run of the measured ablations, in one script (about four minutes on an H100):
 #   1. stage05-ablation --quick under compute-sanitizer memcheck: every variant of the ablation
 #      kernel on small ragged problems, against the fp64 reference;
 #   2. stage05-ablation: stage 04 -> 05 one change at a time, and stage 06's block order and

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU machine's run for stage 13 (decoding), in one call of about five minutes: stage 13's tests
+# The GPU machine's run for stage 13 (decoding), in one script of about five minutes: stage 13's tests
 # (ctest -L stage13: its CPU checks and its GPU sweep, paged cache included) and its Python tests, the
 # runner on a target decode shape, compute-sanitizer (memcheck, racecheck, synccheck) on a small
 # decode problem contiguous (through the runner, with splits and the merge) and paged (through one test

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU machine's run for the tensor-core stages (08-10), in one call: build, the full test suite,
+# The GPU machine's run for the tensor-core stages (08-10), in one script: build, the full test suite,
 # the runner, compute-sanitizer on the stages given (default 10) in both dtypes, Nsight Compute on stages 08-10, the
 # stage 10 tile-shape variants, bench/compare.py in bf16 and fp16, and stage 10's benchmark families.
 # Everything lands in $OUT/results.tgz (the device tool returns few files), with a summary on stdout.

@@ -3,7 +3,8 @@
 
 The shape of stage 11's Nsight table: batch 4, N 4096, H·d = 2048, not causal. The backward runs twice
 (the first pass warms up); ncu's `-s 3 -c 3` picks the second pass's three kernels. Lesson 11 compares
-them with stage 11's (bench/results/RUNS.md, fifth section of 2026-11-23).
+them with stage 11's (bench/results/h100_ncu_fa2_bwd_sections_d64.txt and _d128.txt beside
+h100_ncu_stage11_sections_d64.txt and _d128.txt).
 Usage: ncu ... -k regex:flash_bwd -s 3 -c 3 python3 scripts/profile/fa2_backward_once.py HEAD_DIM
 """
 import sys
