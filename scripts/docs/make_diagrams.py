@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws the course's diagrams as SVG, from the kernels' own constants (issue 14).
+"""Draws the course's diagrams as SVG, from the kernels' own constants.
 
     python3 scripts/docs/make_diagrams.py            write docs/diagrams/*.svg
     python3 scripts/docs/make_diagrams.py --check    change nothing; exit 1 if a committed SVG is stale
@@ -25,9 +25,14 @@ same on every machine.
                           A operand of P for one 16-key step of O += P V
   swizzle.svg             stage 09: one ldmatrix 8 x 8 matrix in a row-major tile (8 rows in one
                           bank group) and in the XOR-swizzled tile (8 rows in 8 bank groups)
+  stage11_warp_tiles.svg  stage 11: which warp owns which part of S and dP, of dK and dV, and of dQ's
+                          share, and how the share reaches the fp32 accumulator in one copy per warp
+  stage13_split_merge.svg stage 13: one sequence's keys split over blocks, the warps' 16-key slices of
+                          a step, the partials (o, lse) and their merge by lse
 """
 import argparse
 import pathlib
+import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -503,6 +508,144 @@ def swizzle(head_dim=64):
 
 
 
+# ---------------------------------------------------------------------------------------------
+# Stage 11's warp tiles of the backward, and stage 13's split-KV with its merge
+# ---------------------------------------------------------------------------------------------
+
+def stage11_shape(head_dim):
+    """The H100's dk_dv_kernel shape at HEAD_DIM, from stage 11's sources: warps, Br, Bc and the warp
+    grids of its three kinds of product, as the kernel computes them."""
+    folder = STAGES[11]
+    launcher = (folder / "backward_tc.cu").read_text()
+    kernel = (folder / "backward_tc_kernel.cuh").read_text()
+    c = {**constants(folder / "backward_tc_kernel.cuh"), **constants(folder / "backward_tc.cu")}
+    warps = int(re.search(r"KeyTileConfig<(\d+), kBlockRows, \d+>", launcher)[1])
+    score_nblocks = int(re.search(r"kScoreNBlocks = (\d+);", kernel)[1])
+    grad_mtiles = int(re.search(r"kGradMTiles = (\d+),", kernel)[1])
+    bc = 16 * warps  # KeyTileConfig: Bc = 16 * kWarps
+    br = c["kWideStepRows"] if head_dim == 64 else c["kStepRows"]  # the H100 takes the taller step at 64
+    m, n = c["kMmaM"], c["kMmaN"]
+    score_cols = score_nblocks * n                 # keys per warp of S and dP
+    score_grid = (warps // (bc // score_cols), bc // score_cols)
+    grad_keys = grad_mtiles * m                    # keys per warp of dK and dV
+    grad_grid = (bc // grad_keys, warps // (bc // grad_keys))
+    dq_cols = 2 if head_dim == 32 or head_dim < br else 4  # DqShare::kWarpCols
+    dq_grid = (warps // dq_cols, dq_cols)
+    return dict(warps=warps, br=br, bc=bc, d=head_dim, score=score_grid, grad=grad_grid, dq=dq_grid)
+
+
+def stage11_warp_tiles(head_dim=128):
+    s = stage11_shape(head_dim)
+    warps, br, bc, d = s["warps"], s["br"], s["bc"], s["d"]
+    px = 1.5  # pixels per element
+    svg = Svg(1060, 480, "Stage 11 warp tiles")
+    svg.text(30, 26, f"Stage 11's dk_dv_kernel at head_dim {d}: {warps} warps, Bc = {bc} keys, "
+                     f"Br = {br} query rows per step", 14, weight="bold")
+
+    def panel(x, y, rows, cols, grid, title, sub, row_label, col_label, owner):
+        """A rows x cols output split over a grid of warps; owner(gr, gc) gives the warp's number."""
+        svg.text(x, y - 30, title, 12, weight="bold")
+        svg.text(x, y - 16, sub, 10)
+        gr_n, gc_n = grid
+        h, w = rows / gr_n * px, cols / gc_n * px
+        for gr in range(gr_n):
+            for gc in range(gc_n):
+                warp = owner(gr, gc)
+                svg.rect(x + gc * w, y + gr * h, w - 1, h - 1, PALETTE[warp % len(PALETTE)], opacity=0.8)
+                svg.text(x + gc * w + w / 2, y + gr * h + h / 2 + 4, f"w{warp}", 11, "middle", "#fff", "bold")
+        svg.text(x + cols * px / 2, y + rows * px + 14, f"{col_label} ({cols})", 10, "middle")
+        svg.text(x - 6, y + rows * px / 2, f"{row_label} ({rows})", 10, "end")
+        return y + rows * px
+
+    y0 = 86
+    sg, gg, qg = s["score"], s["grad"], s["dq"]
+    # S, dP: warp w owns queries (w / cols) * Br/rows.., keys (w % cols) * Bc/cols..
+    panel(110, y0, br, bc, sg, "1. S = Q Kᵀ, dP = dO Vᵀ",
+          f"{sg[0]} × {sg[1]} warps of {br // sg[0]} queries × {bc // sg[1]} keys",
+          "queries", "keys", lambda gr, gc: gr * sg[1] + gc)
+    # dK, dV: warp w owns keys (w % key_warps) * 32.., dims (w / key_warps) * d/2..
+    panel(470, y0, bc, d, gg, "2. dV += Pᵀ dO, dK += dSᵀ Q",
+          f"{gg[0]} × {gg[1]} warps of {bc // gg[0]} keys × {d // gg[1]} dims, in registers",
+          "keys", "dims", lambda gr, gc: gc * gg[0] + gr)
+    bottom = panel(800, y0, br, d, qg, "3. dQ share += dS K",
+                   f"{qg[0]} × {qg[1]} warps of {br // qg[0]} rows × {d // qg[1]} dims",
+                   "queries", "dims", lambda gr, gc: gr * qg[1] + gc)
+    # Between 1 and 2: P and dS through shared memory, two barriers per step.
+    ymid = y0 + br * px / 2
+    svg.line(110 + bc * px + 12, ymid, 470 - 60, ymid, arrow=True)
+    svg.text(110 + bc * px + 14, ymid - 22, "P, dS to shared", 10)
+    svg.text(110 + bc * px + 14, ymid - 10, "memory [query][key];", 10)
+    svg.text(110 + bc * px + 14, ymid + 14, "barrier; read back", 10)
+    svg.text(110 + bc * px + 14, ymid + 26, "transposed (ldmatrix.trans)", 10)
+    # The accumulator: one query tile of the fp32 workspace, each warp's part contiguous.
+    ya = 346
+    svg.text(110, ya - 44, "The fp32 dQ accumulator, one query tile (DqShare): each warp's part is contiguous, "
+                           "in the order its lanes hold the fragments", 12, weight="bold")
+    svg.text(110, ya - 16, f"each step, each warp (Hopper): registers → its staging buffer in shared memory → one "
+                           f"cp.reduce.async.bulk .add.f32 of {br * d // warps * 4 // 1024} KiB;", 10)
+    svg.text(110, ya - 4, "every K/V block of the head adds into the same tile", 10)
+    width = 900
+    part = width / warps
+    for w in range(warps):
+        svg.rect(110 + w * part, ya, part - 2, 26, PALETTE[w % len(PALETTE)], opacity=0.8)
+        svg.text(110 + w * part + part / 2, ya + 17, f"w{w}: {br * d // warps} floats", 10, "middle", "#fff", "bold")
+    svg.line(800 + d * px / 2, bottom + 20, 800 + d * px / 2, ya - 56, arrow=True)
+    svg.text(110, ya + 48, "convert_dq_kernel reads the accumulator once, scales it by τ, rounds it to the dtype "
+                           "and puts each row back in its place.", 10)
+    svg.text(110, ya + 64, "Without the bulk copy (before Hopper, or where the staging does not fit), each lane "
+                           "adds its float4s with two red.global.add.v2.f32 into the same layout.", 10)
+    return svg
+
+
+def stage13_split_merge(seq_len=1000, splits=4):
+    folder = STAGES[13]
+    c = {**constants(folder / "decoding.h"), **constants(folder / "decoding_kernel.cuh")}
+    step, warps, warp_keys, batch = c["kBlockKeys"], c["kWarps"], c["kWarpKeys"], c["kMergeBatch"]
+    # decoding_kernel.cuh: whole steps per split, the last split ends at the sequence's length.
+    per_split = ((seq_len + splits - 1) // splits + step - 1) // step * step
+    ranges = [(min(seq_len, s * per_split), min(seq_len, s * per_split + per_split)) for s in range(splits)]
+    svg = Svg(1000, 430, "Stage 13 split-KV and merge")
+    svg.text(30, 26, f"Stage 13: one sequence of {seq_len} cached keys in {splits} splits, merged by lse",
+             14, weight="bold")
+    x0, width, y = 40, 920, 70
+    scale = width / seq_len
+    svg.text(x0, y - 8, f"keys 0 .. {seq_len - 1}; each split takes whole steps of {step} keys "
+                        f"({per_split} per split, the last one shorter)", 10)
+    for s, (a, b) in enumerate(ranges):
+        svg.rect(x0 + a * scale, y, (b - a) * scale - 3, 34, PALETTE[s % len(PALETTE)], opacity=0.35)
+        for k in range(a, b, step):  # the block's steps
+            svg.line(x0 + k * scale, y, x0 + k * scale, y + 34, "#777", 0.6)
+        svg.text(x0 + (a + b) / 2 * scale, y + 22, f"split {s}: keys {a}..{b - 1}", 11, "middle", weight="bold")
+    # One step of split 0, its warps' 16-key slices.
+    ys = y + 70
+    svg.text(x0, ys - 8, f"one step of a split's block: {step} keys, {warps} warps of {warp_keys} keys; every warp "
+                         f"holds the same {c['kBlockRows']} query rows (the K/V group's)", 10)
+    for w in range(warps):
+        svg.rect(x0 + w * 90, ys, 88, 24, PALETTE[w % len(PALETTE)], opacity=0.8)
+        svg.text(x0 + w * 90 + 44, ys + 16, f"warp {w}: {w * warp_keys}..{(w + 1) * warp_keys - 1}", 10,
+                 "middle", "#fff", "bold")
+    svg.text(x0 + warps * 90 + 12, ys + 10, "each warp keeps its own max, sum and O;", 10)
+    svg.text(x0 + warps * 90 + 12, ys + 23, "the block merges its warps at the end (stage 03's rescale)", 10)
+    # Partials and the merge.
+    yp = ys + 80
+    bw = width / splits
+    for s, (a, b) in enumerate(ranges):
+        cx = x0 + (a + b) / 2 * scale
+        svg.line(cx, y + 38, cx, yp - 4, "#999", 1, dash="3,3")
+        svg.rect(x0 + s * bw + 20, yp, bw - 40, 40, PALETTE[s % len(PALETTE)], opacity=0.8)
+        svg.text(x0 + s * bw + bw / 2, yp + 17, f"partial {s}: o{s}, lse{s}", 11, "middle", "#fff", "bold")
+        svg.text(x0 + s * bw + bw / 2, yp + 32, "fp32, in the workspace", 9, "middle", "#fff")
+        svg.line(x0 + s * bw + bw / 2, yp + 42, x0 + width / 2, yp + 92, arrow=True)
+    ym = yp + 96
+    svg.rect(x0 + width / 2 - 300, ym, 600, 74, "#f3f3f3", "#555")
+    svg.text(x0 + width / 2, ym + 18, "merge_kernel, per query row, in split order", 12, "middle", weight="bold")
+    svg.text(x0 + width / 2, ym + 36, "lse = ln Σₛ exp(lseₛ)        o = Σₛ exp(lseₛ − lse) · oₛ", 12, "middle")
+    svg.text(x0 + width / 2, ym + 54, f"{batch} partials loaded at once, folded one by one; "
+                                      "a split that saw no key: lseₛ = −∞, weight 0", 10, "middle")
+    svg.text(x0 + width / 2, ym + 68, "one split only: the block writes o and lse itself, no merge", 10, "middle")
+    return svg
+
+
 DIAGRAMS = {
     "stage04_threads.svg": stage04_threads,
     "stage05_lanes.svg": stage05_lanes,
@@ -512,6 +655,8 @@ DIAGRAMS = {
     "mma_fragments.svg": mma_fragments,
     "p_in_registers.svg": p_in_registers,
     "swizzle.svg": swizzle,
+    "stage11_warp_tiles.svg": stage11_warp_tiles,
+    "stage13_split_merge.svg": stage13_split_merge,
 }
 
 
