@@ -1,22 +1,27 @@
 #!/usr/bin/env python3
-"""Builds the Markdown pages of the documentation site into the build tree (issue 6).
+"""Builds the Markdown pages of the documentation site into the build tree.
 
-The sources stay readable on their own (GitHub renders docs/mainpage.md, docs/theory/*.md and every
-stages/NN_*/README.md with $...$ math and relative links). This script turns them into Doxygen pages:
+The sources stay readable on their own (GitHub renders docs/mainpage.md, docs/theory/*.md,
+docs/results.md, docs/experiments/*.md and every stages/NN_*/README.md with $...$ math and relative
+links). This script turns them into Doxygen pages:
 
     build_site.py pages --root <repo> --out <dir>     Markdown pages + generated diffs under <dir>
     build_site.py mathjax --src <mathjax> --dest <dir> the parts of MathJax 2 the site loads
 
 `pages` writes
     <out>/mainpage.md             the course map; its stage table gets links and measured speedups,
-                                  its <!-- table:NAME --> regions are filled by scripts/make_tables.py
+                                  its <!-- table:NAME --> regions are filled by scripts/docs/make_tables.py
     <out>/theory/theory_NN.md     docs/theory/NN_*.md
     <out>/lessons/lesson_NN.md    stages/NN_*/README.md (a stub page where there is none yet),
                                   followed by the diff of the stage's kernel against the previous one
     <out>/diffs/lesson_NN_diff.html  that diff, as HTML, computed here from the .cu sources
-Each page gets a Doxygen label (lesson_NN, theory_NN), $-math becomes \\f$..\\f$, relative links
-become @ref links or plain code paths, so that nothing on the site points outside it.
-Stage order and the set of stages come from the folder names under stages/ at build time.
+    <out>/pages/*.md              docs/results.md, docs/copy_a_stage.md (each where it exists) and the
+                                  experiments page, parent of one page per docs/experiments/*.md
+    <out>/experiments/*.md        those pages
+Each page gets a Doxygen label (lesson_NN, theory_NN, results, copy_a_stage, experiments,
+experiments_NAME), $-math becomes \\f$..\\f$, relative links become @ref links or plain code paths, so
+that nothing on the site points outside it. Stage order and the set of stages come from the folder
+names under stages/ at build time; the set of experiments pages from the files under docs/experiments/.
 """
 import argparse
 import difflib
@@ -29,7 +34,7 @@ import sys
 
 STAGE_DIR = re.compile(r"^(\d\d)_(\w+)$")
 THEORY_FILE = re.compile(r"^(\d\d)_[\w-]+\.md$")
-COURSE_SEQ = 4096  # the course table's problem: batch 4, 16 heads, seq 4096 (scripts/make_tables.py)
+COURSE_SEQ = 4096  # the course table's problem: batch 4, 16 heads, seq 4096 (scripts/docs/make_tables.py)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -86,9 +91,45 @@ def theory_label(path):
     return "theory_" + path.name[:2]
 
 
+class OtherPage:
+    """A page of docs/ beside the course map, the theory and the lessons: the results, the recipe for
+    copying a stage, the experiments page (docs/experiments/README.md where there is one, else a page
+    made here) and one page per docs/experiments/*.md."""
+
+    def __init__(self, src, label, out, default_title=None, toc=True):
+        self.src, self.label, self.out, self.default_title = src, label, out, default_title
+        self.toc = toc  # Doxygen's table of contents, for a page that has none of its own
+
+    @property
+    def title(self):
+        return page_title(self.src) if self.src.exists() else self.default_title
+
+
+EXPERIMENTS_INTRO = ("What was tried on the stages, kept or not, each with its measured result and the "
+                     "file of `bench/results/` that holds it. The lessons describe the kernels as they are; "
+                     "these pages say how they got there.")
+
+
+def find_other_pages(root):
+    """(top-level pages in the order the site lists them, the experiments pages under the experiments page)."""
+    docs = root / "docs"
+    # The file names under <out>/pages/ order the site's tree: Doxygen reads a folder's files sorted.
+    top = [OtherPage(docs / name, label, f"pages/{order}_{label}.md", toc=toc)
+           for order, name, label, toc in [(1, "results.md", "results", False),
+                                           (3, "copy_a_stage.md", "copy_a_stage", True)]
+           if (docs / name).exists()]
+    found = sorted(p for p in (docs / "experiments").glob("*.md") if p.name != "README.md")
+    experiments = [OtherPage(p, "experiments_" + re.sub(r"[^A-Za-z0-9_]", "_", p.stem), f"experiments/{p.stem}.md")
+                   for p in found]
+    if experiments or (docs / "experiments/README.md").exists():
+        top.insert(1, OtherPage(docs / "experiments/README.md", "experiments", "pages/2_experiments.md",
+                                default_title="Experiments"))
+    return top, experiments
+
+
 def load_make_tables(root):
-    """scripts/make_tables.py, imported as a module (the one source of every measured figure)."""
-    spec = importlib.util.spec_from_file_location("make_tables", root / "scripts/make_tables.py")
+    """scripts/docs/make_tables.py, imported as a module (the one source of every measured figure)."""
+    spec = importlib.util.spec_from_file_location("make_tables", root / "scripts/docs/make_tables.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -138,10 +179,13 @@ def github_slug(heading):
 class PageContext:
     """What link rewriting needs to know about the site."""
 
-    def __init__(self, root, stages, theory, headers):
+    def __init__(self, root, stages, theory, headers, others=()):
         self.root = root
         self.lessons = {s.path.resolve(): s.label for s in stages}
         self.theory = {p.resolve(): theory_label(p) for p in theory}
+        self.others = {o.src.resolve(): o.label for o in others}
+        if any(o.label == "experiments" for o in others):  # a link to the folder itself
+            self.others[(root / "docs/experiments").resolve()] = "experiments"
         self.headers = {p.resolve(): p.name for p in headers}
         self.mainpage = (root / "docs/mainpage.md").resolve()
         self.anchors = {}  # page label -> {github slug: doxygen label}
@@ -157,6 +201,8 @@ class PageContext:
             return "@ref index"
         if dest in self.theory:
             return "@ref " + self.anchor(self.theory[dest], frag)
+        if dest in self.others:
+            return "@ref " + self.anchor(self.others[dest], frag)
         if dest.name == "README.md" and dest.parent in self.lessons:
             return "@ref " + self.anchor(self.lessons[dest.parent], frag)
         if dest in self.lessons:  # a link to the stage's folder
@@ -171,6 +217,8 @@ class PageContext:
             return "index"
         if src in self.theory:
             return self.theory[src]
+        if src in self.others:
+            return self.others[src]
         if src.name == "README.md" and src.parent in self.lessons:
             return self.lessons[src.parent]
         return None
@@ -194,8 +242,9 @@ LINK = re.compile(r"(?<!!)\[(?P<text>[^\]]+)\]\((?P<url>[^)\s]+)\)")
 
 
 # Bold text that holds a formula: Doxygen's Markdown gives up on **...** once a \f$ command is inside
-# and prints the asterisks, so such spans become HTML bold, which it renders with the formula.
-BOLD_MATH = re.compile(r"\*\*(?=[^*\n]*\$)([^*\n]+?)\*\*")
+# and prints the asterisks, so such spans become HTML bold, which it renders with the formula. The same
+# happens to bold that opens with a code span.
+BOLD_MATH = re.compile(r"\*\*(?=[^*\n]*\$|`)([^*\n]+?)\*\*")
 
 
 # A picture on a line of its own, ![caption](path/to/docs/diagrams/NAME.svg) or a plot of the measured
@@ -333,14 +382,14 @@ def to_doxygen(text, src, label, ctx, title=None, toc=False):
 
 def fill_tables(text, tables, where, values=None):
     """The <!-- table:NAME --> regions filled, and each inline <!-- value:SPEC -->figure<!-- /value -->
-    replaced by its figure alone (the markers are for scripts/make_tables.py, not for the reader)."""
+    replaced by its figure alone (the markers are for scripts/docs/make_tables.py, not for the reader)."""
     if values is not None:
         text = re.sub(r"<!-- value:([\w./+-]+) -->.*?<!-- /value -->", lambda m: values[m[1]], text, flags=re.S)
 
     def fill(m):
         name = m[1]
         if name not in tables:  # kept as committed: make_tables.py may not know it yet
-            print(f"note: {where}: scripts/make_tables.py has no table {name}; the region is left as written")
+            print(f"note: {where}: scripts/docs/make_tables.py has no table {name}; the region is left as written")
             return m[0]
         return f"<!-- table:{name} -->\n{tables[name]}\n<!-- /table:{name} -->"
 
@@ -415,7 +464,7 @@ def measured_gain(runs, stage, decode=None):
     dims = [d for d in (64, 128) if get(stage.number, d, False)]
     decoded = {k: r for k, r in (decode or {}).items() if r["stage"] == stage.number and k[0] == 0}
     if not dims and decoded:
-        batch, seq_kv = (1, 131072) if (0, 1, 131072) in decoded else min(k[1:] for k in decoded)  # the issue's first
+        batch, seq_kv = (1, 131072) if (0, 1, 131072) in decoded else min(k[1:] for k in decoded)  # the first target shape
         r = decoded[(0, batch, seq_kv)]
         return (f"{r['gbs']:.0f} GB/s over K and V, decoding (batch {batch}, {seq_kv} keys, {r['hq']}/{r['hkv']} heads, "
                 f"d = {r['d']}; `bench/results/h100_bench_decode.json`)")
@@ -457,16 +506,18 @@ def course_map(text, stages, runs, decode=None):
     return re.sub(r"<!-- course-map -->(.*?)<!-- /course-map -->", rebuild, text, flags=re.S)
 
 
-def page_lists(text, stages, theory, titles):
-    """The main page's lists of lessons and theory pages, as links to their pages."""
+def page_lists(text, stages, theory, titles, experiments=()):
+    """The main page's lists of lessons, theory pages and experiments pages, as links to their pages."""
     lessons = "\n".join(f"- [{s.title}](@ref {s.label})" for s in stages)
     pages = "\n".join(f"{i}. [{titles[p]}](@ref {theory_label(p)})" for i, p in enumerate(theory, 1))
+    tried = "\n".join(f"- [{e.title}](@ref {e.label})" for e in experiments)
     text = re.sub(r"<!-- lessons -->.*?<!-- /lessons -->", lambda m: lessons, text, flags=re.S)
+    text = re.sub(r"<!-- experiments -->.*?<!-- /experiments -->", lambda m: tried, text, flags=re.S)
     return re.sub(r"<!-- theory -->.*?<!-- /theory -->", lambda m: pages, text, flags=re.S)
 
 
 def exercise_list(stages):
-    """The stages with an exercise (exercises/NN_name/, issue 13), for the lessons' page."""
+    """The stages with an exercise (exercises/NN_name/), for the lessons' page."""
     with_exercise = [s for s in stages if (s.path.parent.parent / "exercises" / s.folder).is_dir()]
     if not with_exercise:
         return ""
@@ -488,6 +539,22 @@ def section_pages(out, stages, theory, titles):
     (out / "theory.md").write_text(
         "# Theory {#theory}\n\nThe ideas behind the stages, with the derivations the lessons lean on.\n\n" +
         "\n".join(f"{i}. @subpage {theory_label(p)}" for i, p in enumerate(theory, 1)) + "\n")
+
+
+def other_pages(out, top, experiments, ctx, tables, values):
+    """The results page, the copy-a-stage recipe, the experiments page and its children."""
+    for page in top + experiments:
+        if page.label == "experiments":
+            if page.src.exists():
+                text = to_doxygen(fill_tables(page.src.read_text(), tables, page.src, values), page.src,
+                                  page.label, ctx, toc=False)
+            else:
+                text = f"# {page.default_title} {{#{page.label}}}\n\n{EXPERIMENTS_INTRO}\n"
+            text += "\n" + "\n".join(f"- @subpage {e.label}" for e in experiments) + "\n"
+        else:
+            text = to_doxygen(fill_tables(page.src.read_text(), tables, page.src, values), page.src,
+                              page.label, ctx, toc=page.toc)
+        (out / page.out).write_text(text)
 
 
 def page_title(path):
@@ -530,9 +597,10 @@ def build_pages(root, out):
     root = root.resolve()
     stages = find_stages(root)
     theory = find_theory(root)
-    headers = sorted((root / "common").glob("*.h")) + sorted((root / "common").glob("*.cuh")) + \
+    headers = sorted((root / "harness").glob("*.h")) + sorted((root / "common").glob("*.cuh")) + \
         [h for s in stages for h in s.headers]
-    ctx = PageContext(root, stages, theory, headers)
+    top, experiments = find_other_pages(root)
+    ctx = PageContext(root, stages, theory, headers, top + experiments)
     make_tables = load_make_tables(root)
     tables = make_tables.tables()
     values = make_tables.Values()
@@ -541,20 +609,23 @@ def build_pages(root, out):
 
     # Anchors first: a page may link to a heading of any other.
     sources = [(root / "docs/mainpage.md", "index")] + [(p, theory_label(p)) for p in theory] + \
-              [(s.readme, s.label) for s in stages if s.readme.exists()]
+              [(s.readme, s.label) for s in stages if s.readme.exists()] + \
+              [(o.src, o.label) for o in top + experiments if o.src.exists()]
     for src, label in sources:
         ctx.anchors[label] = collect_anchors(src.read_text(), label)
 
     if out.exists():
         shutil.rmtree(out)
-    for sub in ("theory", "lessons", "diffs"):
+    for sub in ("theory", "lessons", "diffs", "pages", "experiments"):
         (out / sub).mkdir(parents=True)
 
     main_src = root / "docs/mainpage.md"
     titles = {p: page_title(p) for p in theory}
     text = to_doxygen(fill_tables(main_src.read_text(), tables, main_src, values), main_src, "index", ctx)
-    (out / "mainpage.md").write_text(page_lists(course_map(text, stages, runs, decode), stages, theory, titles))
+    (out / "mainpage.md").write_text(page_lists(course_map(text, stages, runs, decode), stages, theory, titles,
+                                                experiments))
     section_pages(out, stages, theory, titles)
+    other_pages(out, top, experiments, ctx, tables, values)
 
     for p in theory:
         text = fill_tables(p.read_text(), tables, p, values)
@@ -566,7 +637,8 @@ def build_pages(root, out):
         (out / "lessons" / f"{s.label}.md").write_text(lesson_page(root, s, prev, nxt, ctx, tables, values))
         (out / "diffs" / f"{s.label}_diff.html").write_text(diff_html(root, s, prev))
     print(f"site pages: main, {len(theory)} theory, {len(stages)} lessons "
-          f"({sum(s.readme.exists() for s in stages)} written) -> {out}")
+          f"({sum(s.readme.exists() for s in stages)} written), {', '.join(o.label for o in top) or 'no other pages'}, "
+          f"{len(experiments)} experiments -> {out}")
 
 
 # ---------------------------------------------------------------------------------------------

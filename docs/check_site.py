@@ -5,9 +5,11 @@
 
 1. Links: every .html file of the site is read, and every local href/src in it must point at a file
    of the site, and an #anchor at an id or name in that file. External links are not followed.
-2. Lessons: each stage folder stages/NN_* has its page lesson_NN.html with a generated diff.
+2. Pages: each stage folder stages/NN_* has its page lesson_NN.html with a generated diff; docs/results.md,
+   docs/copy_a_stage.md and each docs/experiments/NAME.md have theirs (results.html, copy_a_stage.html,
+   experiments_NAME.html, under experiments.html).
 3. Browser: the site is served from a local HTTP server on 127.0.0.1 and headless Chromium loads the
-   main page, the theory pages and the lessons (or the --page list). In the DOM it leaves, MathJax
+   main page, the theory pages, the lessons and the pages of 2 (or the --page list). In the DOM it leaves, MathJax
    must have rendered every formula the page has, with no MathJax error (the main page, the theory
    pages and every lesson must have formulas: a lesson with none has its math written as plain text),
    and the visible text must hold no raw TeX delimiter: \\( \\) \\[ \\] $$ or Doxygen's \\f$ \\f[,
@@ -116,6 +118,21 @@ def check_links(site):
     return problems, len(files), checked, sum(len(w) for w in broken.values())
 
 
+def check_other_pages(site, root):
+    """The pages made from docs/ beside the theory: results, copying a stage, the experiments."""
+    problems = []
+    docs = root / "docs"
+    wanted = [(docs / "results.md", "results.html"), (docs / "copy_a_stage.md", "copy_a_stage.html")]
+    experiments = sorted(p for p in (docs / "experiments").glob("*.md") if p.name != "README.md")
+    wanted += [(p, "experiments_" + re.sub(r"[^A-Za-z0-9_]", "_", p.stem) + ".html") for p in experiments]
+    if experiments:
+        wanted.append((docs / "experiments", "experiments.html"))
+    for src, page in wanted:
+        if src.exists() and not (site / page).exists():
+            problems.append(f"{src.relative_to(root)}: no page {page}")
+    return problems
+
+
 def check_lessons(site, root):
     problems = []
     for folder in sorted((root / "stages").iterdir()):
@@ -207,14 +224,19 @@ def main():
     if not theory:
         raise SystemExit("check_site: the site has no theory page")
     lessons = sorted(p.name for p in site.glob("lesson_*.html"))
+    others = [p for p in ["results.html", "copy_a_stage.html", "experiments.html"] if (site / p).exists()] + \
+        sorted(p.name for p in site.glob("experiments_*.html"))
     must_have_math = {"index.html", *theory, *lessons}  # every page of the course shows formulas
-    names = args.page or ["index.html"] + theory + lessons
+    names = args.page or ["index.html"] + theory + lessons + others
 
     problems, n_files, n_links, n_broken = check_links(site)
     print(f"links: {n_links} local links in {n_files} HTML files, {n_broken} broken")
     lesson_problems = check_lessons(site, args.root)
     print(f"lessons: {len(lesson_problems)} problems")
     problems += lesson_problems
+    page_problems = check_other_pages(site, args.root)
+    print(f"results, experiments and copy-a-stage pages: {len(page_problems)} problems")
+    problems += page_problems
     print(f"browser: {len(names)} pages in headless Chromium")
     problems += check_in_browser(site, names, must_have_math, find_chromium(args.chromium))
 
