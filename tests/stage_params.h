@@ -5,12 +5,23 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "registry.h"
 
 namespace stage_params {
+
+// Which sweep the GPU tests run, decided when the tests are registered: the exhaustive one where the
+// environment has FLASH_TEST_SWEEP=full (the gpu_stageNN_*_full ctest entries set it, tests/CMakeLists.txt),
+// else the default one, shapes chosen to reach each stage's code paths in minutes for the whole course.
+// Test names are the same in both, the default's cases a subset of the full sweep's.
+inline bool full_sweep() {
+  const char* sweep = std::getenv("FLASH_TEST_SWEEP");
+  return sweep != nullptr && std::strcmp(sweep, "full") == 0;
+}
 
 // Every entry the tests run: the stages in course order, then the exercises.
 inline std::vector<const registry::Stage*> stages_and_exercises() {

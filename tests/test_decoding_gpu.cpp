@@ -5,6 +5,8 @@
 // same inputs, like stages 08-10. Outputs and the workspace are poisoned with NaN before each run, so
 // an element the kernels forget to write, or a partial the merge reads before it is written, fails.
 // Every test name carries "stage13", so `ctest -L stage13` runs them with the stage's other tests.
+// The sweeps are chosen cases by default and exhaustive with FLASH_TEST_SWEEP=full
+// (stage_params::full_sweep; `ctest -L full`).
 // Without a GPU every test here skips with the reason.
 #include <gtest/gtest.h>
 
@@ -23,6 +25,7 @@
 #include "13_decoding/decoding.h"
 #include "reference.h"
 #include "registry.h"
+#include "stage_params.h"
 
 namespace {
 
@@ -126,12 +129,19 @@ std::vector<long long> reference_rows(const harness::Problem& p) {
 // The sweep: cache lengths, batch sizes, query rows, GQA ratios, causal, dtypes, head_dims
 // ---------------------------------------------------------------------------------------------
 
-std::vector<harness::Problem> decode_sweep() {
+// Each shape in both dtypes, causal and not.
+void add_both_dtypes_and_masks(std::vector<harness::Problem>* cases, int batch, int heads_q, int heads_kv, int seq_q,
+                               int seq_kv, int head_dim) {
+  for (DType dtype : {DType::kBf16, DType::kFp16})
+    for (bool causal : {false, true})  // innermost: the two share their inputs
+      cases->push_back({batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, causal, kDefaultScale, dtype});
+}
+
+// The exhaustive sweep (FLASH_TEST_SWEEP=full).
+std::vector<harness::Problem> full_decode_sweep() {
   std::vector<harness::Problem> cases;
   auto add = [&](int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim) {
-    for (DType dtype : {DType::kBf16, DType::kFp16})
-      for (bool causal : {false, true})  // innermost: the two share their inputs
-        cases.push_back({batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, causal, kDefaultScale, dtype});
+    add_both_dtypes_and_masks(&cases, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim);
   };
   // GQA ratios 1, 4 and 8 and MQA, at every length up to 4097: batch, heads_q, heads_kv.
   const int heads[][3] = {{1, 4, 4}, {2, 16, 4}, {3, 16, 2}, {2, 8, 1}};
@@ -148,6 +158,37 @@ std::vector<harness::Problem> decode_sweep() {
   add(256, 32, 8, 1, 7, 128);
   add(256, 8, 2, 2, 255, 64);
   return cases;
+}
+
+// The default sweep, every case one of the full sweep's, in both dtypes, causal and not, at both
+// head_dims. A block holds one 16-row tile of a K/V group's heads_q / heads_kv * seq_q query rows
+// and steps over 64 keys; a sequence's keys are cut into splits of at least 256 keys, merged after,
+// unless the grid would pass kMaxSplitBlocks blocks. The shapes (batch, heads_q, heads_kv, seq_q,
+// seq_kv) and the paths they take:
+//   {1,4,4, 1, 1}        one key, one query row per group: a tile of 1 row in 16, one partial step, no split.
+//   {2,16,4, 16, 7}      GQA 4, 64 rows a group (4 full tiles); causal rows 0-8 see no key (O = 0, lse = -inf).
+//   {3,16,2, 3, 255}     GQA 8, 24 rows a group (a full tile and a partial one); 255 keys, one split,
+//                        a partial last step.
+//   {2,8,1, 16, 4097}    MQA, 128 rows a group (8 tiles); 4097 keys in several splits and the merge,
+//                        a last step of one key.
+//   {1,8,2, 16, 65537}   65537 keys: up to 256 splits (one head dim per dtype and mask).
+//   {256,32,8, 1, 7}     256 * 8 (sequence, K/V head) pairs of one row tile each: past kMaxSplitBlocks,
+//                        so one split however long the cache.
+std::vector<harness::Problem> default_decode_sweep() {
+  std::vector<harness::Problem> cases;
+  for (int head_dim : {64, 128}) {
+    add_both_dtypes_and_masks(&cases, 1, 4, 4, 1, 1, head_dim);
+    add_both_dtypes_and_masks(&cases, 2, 16, 4, 16, 7, head_dim);
+    add_both_dtypes_and_masks(&cases, 3, 16, 2, 3, 255, head_dim);
+    add_both_dtypes_and_masks(&cases, 2, 8, 1, 16, 4097, head_dim);
+  }
+  add_both_dtypes_and_masks(&cases, 1, 8, 2, 16, 65537, 64);
+  add_both_dtypes_and_masks(&cases, 256, 32, 8, 1, 7, 128);
+  return cases;
+}
+
+std::vector<harness::Problem> decode_sweep() {
+  return stage_params::full_sweep() ? full_decode_sweep() : default_decode_sweep();
 }
 
 class DecodeSweep : public ::testing::TestWithParam<harness::Problem> {
@@ -182,11 +223,16 @@ TEST_P(DecodeSweep, MatchesReferenceAndStage10) {
 INSTANTIATE_TEST_SUITE_P(Decode, DecodeSweep, ::testing::ValuesIn(decode_sweep()), sweep_name);
 
 // Every number of query rows from 1 to 16, causal (each new query sees the cache and the new queries
-// before it), on one cache.
+// before it), on one cache. By default (GQA 4: 4 * seq_q rows a group) the counts where the rows
+// cross a 16-row tile: 1 (4 rows), 4 (one full tile), 5 (a second tile of 4 rows), 12, 16 (3 and 4
+// full tiles).
 std::vector<harness::Problem> every_seq_q() {
   std::vector<harness::Problem> cases;
-  for (int seq_q = 1; seq_q <= stage13::kMaxSeqQ; ++seq_q)
-    cases.push_back({2, 8, 2, seq_q, 300, 64, true, kDefaultScale, DType::kBf16});
+  for (int seq_q = 1; seq_q <= stage13::kMaxSeqQ; ++seq_q) {
+    const bool tile_boundary = seq_q == 1 || seq_q == 4 || seq_q == 5 || seq_q == 12 || seq_q == 16;
+    if (stage_params::full_sweep() || tile_boundary)
+      cases.push_back({2, 8, 2, seq_q, 300, 64, true, kDefaultScale, DType::kBf16});
+  }
   return cases;
 }
 INSTANTIATE_TEST_SUITE_P(EverySeqQ, DecodeSweep, ::testing::ValuesIn(every_seq_q()), sweep_name);
@@ -311,7 +357,15 @@ std::string paged_name(const ::testing::TestParamInfo<PagedCase>& info) {
   return s.str();
 }
 
+// Every page size, head_dim, GQA ratio, mask and dtype together (FLASH_TEST_SWEEP=full), or by default
+// six of them: each page size at both head_dims, each with GQA 4 and MQA, causal and not, bf16 and
+// fp16, and every pair of head_dim and dtype, of mask and dtype, once at least. The batch of
+// kPagedLengths is the same in all: empty, one-key and multi-page sequences in one call.
 std::vector<PagedCase> paged_cases() {
+  if (!stage_params::full_sweep())
+    return {{8, 2, 3, 64, 16, true, DType::kBf16},   {8, 1, 3, 128, 16, false, DType::kFp16},
+            {8, 2, 3, 128, 64, false, DType::kBf16}, {8, 1, 3, 64, 64, true, DType::kFp16},
+            {8, 2, 3, 64, 256, false, DType::kFp16}, {8, 1, 3, 128, 256, true, DType::kBf16}};
   std::vector<PagedCase> cases;
   for (int page_size : {16, 64, 256})
     for (int head_dim : {64, 128})

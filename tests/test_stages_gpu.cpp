@@ -1,7 +1,10 @@
 // Every stage against the fp64 reference and against the stage before it, over a sweep of shapes
 // that includes sequence lengths that are not tile multiples, seq_q != seq_kv, MHA, GQA and MQA,
 // in every dtype the stage has (the decoding stage, 13, on the shapes of the sweep with at most 16
-// query rows; its own sweep of decode shapes and its paged cache are in test_decoding_gpu.cpp). Half-precision stages are held to FlashAttention's own rule
+// query rows; its own sweep of decode shapes and its paged cache are in test_decoding_gpu.cpp).
+// The sweeps come in two tiers (stage_params::full_sweep): by default shapes chosen to reach each
+// stage's code paths (default_sweep says which and why), with FLASH_TEST_SWEEP=full the exhaustive
+// sweep. Half-precision stages are held to FlashAttention's own rule
 // (reference::check_half_precision) and compared with the stage before them on the same rounded
 // inputs, across the dtype change from stage 07 (fp32) to stage 08.
 // Outputs are poisoned with NaN before each run, so an element a kernel forgets to write fails.
@@ -82,7 +85,9 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return s.str();
 }
 
-std::vector<Case> sweep() {
+// The exhaustive sweep (FLASH_TEST_SWEEP=full): every length below against itself and the uneven
+// pairs, four head layouts, every head_dim, causal and not, every dtype.
+std::vector<Case> full_sweep() {
   const int lengths[] = {1, 2, 17, 63, 64, 65, 127, 128, 129, 1000, 1024, 2049};
   std::vector<std::pair<int, int>> seqs;
   for (int n : lengths) seqs.push_back({n, n});
@@ -104,6 +109,66 @@ std::vector<Case> sweep() {
             }
   return cases;
 }
+
+// The default sweep: each shape below in every head_dim, dtype and mask of each stage (those it
+// supports), every case one of the full sweep's. The tiles they meet, rows x keys per block:
+//   {1,1,1, 1, 1}        one row, one key: a single partial tile everywhere, a softmax over one score.
+//   {2,3,3, 128, 128}    MHA, 3 heads: lengths a multiple of every tile (16 to 128), so only the causal
+//                        diagonal is masked.
+//   {2,8,2, 129, 63}     GQA 4: both last tiles partial (129 = 128 + 1, 63 < 64); seq_q > seq_kv, so
+//                        under the mask rows 0-65 see no key and get O = 0, lse = -inf, while the rest
+//                        of their tile does see keys.
+//   {4,8,1, 17, 1000}    MQA, 8 heads on one K/V head: one partial query tile against 1000 keys, many
+//                        key tiles and a partial last one (1000 = 15 * 64 + 40 = 7 * 128 + 104); the
+//                        causal diagonal in the last tiles, every tile before it unmasked.
+//   {1,1,1, 1, 2049}     one query row against 33 key tiles of 64, the last one key (also stage 13's).
+//   {1,1,1, 2049, 1}     17 query tiles of 128 and one key: causal, every row but the last sees no key,
+//                        whole blocks skip every key tile.
+//   {2,8,2, 1000, 1000}  many tiles both ways, the last ones partial; the causal diagonal through every
+//                        query tile.
+//   {1,1,1, 63, 129}     seq_q < seq_kv by 66: the causal diagonal off the tile grid, rows that see
+//                        two or three key tiles of 64, the last one key.
+// Per stage, what these reach:
+//   01, 02  one block of 256 threads per score row: fewer keys than threads (1, 63, 128), more, and
+//           not a multiple (1000, 2049); the S workspace of every shape.
+//   03      one thread per query row, blocks of 128 rows: row counts that are not a multiple of 128
+//           (2 * 8 * 129, 4 * 8 * 17, 2049) beside ones that are.
+//   04-06   32 (04) or 64 (05, 06) query rows per block, key tiles sized from shared memory: partial
+//           tiles on both sides, and again under each learner's limit (SharedMemoryLimits below),
+//           where the tiles shrink. 06: tiles above the diagonal skipped, diagonal tiles masked, rows
+//           that see no key.
+//   07      the forward as 06; the backward below (backward_sweep).
+//   08, 09  64 x 64 tiles on the tensor cores in both dtypes; 09's pipeline with one key tile
+//           (its prologue only: 1, 63) and many (1000, 2049).
+//   10      128 x 64 tiles, causal tiles longest first: the diagonal through many tiles (1000 x 1000)
+//           and off the grid (63 x 129), query tiles with no key (2049 x 1).
+//   12      head_dim 64 without the mask: the in-order kernel, 64 x 128 tiles; otherwise the persistent
+//           ping-pong kernel, 128-row tiles of two consumers: partial and empty tiles as above. Its
+//           schedules (more work tiles than SMs, pairs of query tiles and the tail) and 160-key tiles
+//           need shapes of their own, in test_hopper_gpu.cpp.
+//   13      the shapes with at most 16 query rows (1 x 1, 1 x 2049: up to 9 splits, merged); its decode
+//           sweep is in test_decoding_gpu.cpp.
+std::vector<Case> default_sweep() {
+  // batch, heads_q, heads_kv, seq_q, seq_kv; head_dim, causal and dtype are set below
+  const harness::Problem shapes[] = {{1, 1, 1, 1, 1},     {2, 3, 3, 128, 128},   {2, 8, 2, 129, 63},
+                                     {4, 8, 1, 17, 1000}, {1, 1, 1, 1, 2049},    {1, 1, 1, 2049, 1},
+                                     {2, 8, 2, 1000, 1000}, {1, 1, 1, 63, 129}};
+  std::vector<Case> cases;
+  for (const registry::Stage* entry : stages_and_exercises()) {
+    for (flash::DType dtype : entry->dtypes)
+      for (int head_dim : {32, 64, 128})
+        for (harness::Problem p : shapes)
+          for (bool causal : {false, true}) {
+            p.head_dim = head_dim;
+            p.causal = causal;
+            p.dtype = dtype;
+            if (entry->supports(p)) cases.push_back(case_of(*entry, p));
+          }
+  }
+  return cases;
+}
+
+std::vector<Case> sweep() { return stage_params::full_sweep() ? full_sweep() : default_sweep(); }
 
 void require_gpu() {
   std::string why;
@@ -395,7 +460,8 @@ GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CausalExtreme);
 // far below this, which leaves room for longer sums.
 constexpr double kBackwardTolerance = 1e-4;
 
-std::vector<Case> backward_sweep() {
+// The exhaustive backward sweep (FLASH_TEST_SWEEP=full).
+std::vector<Case> full_backward_sweep() {
   // The fp64 reference backward is O(N^2 d) on the host; long sequences run with one head only.
   const std::pair<int, int> seqs[] = {{1, 1},   {2, 2},    {17, 17},  {63, 63},   {64, 64},   {65, 65},
                                       {127, 128}, {129, 129}, {1, 129}, {129, 1},  {17, 100}, {100, 17},
@@ -419,6 +485,49 @@ std::vector<Case> backward_sweep() {
         }
   }
   return cases;
+}
+
+// The default backward sweep: each shape below in every head_dim, dtype and mask of each stage with
+// a backward, every shape one of the full sweep's.
+//   {1,1,1, 1, 1}        one row, one key: P = 1, so dQ = dK = 0 exactly.
+//   {2,3,3, 127, 128}    MHA: keys exactly one 128-key block (two 64-key tiles), query rows one short
+//                        of a multiple of every step: a partial last step.
+//   {2,8,2, 129, 129}    GQA 4: dK, dV summed over 4 query heads; a last key tile and query step of one.
+//   {4,8,1, 17, 100}     MQA: dK, dV summed over 8 heads; seq_q < seq_kv, so keys 0-83 are seen by
+//                        every row and the rest by a few (the causal start of each key block).
+//   {4,8,1, 100, 17}     seq_q > seq_kv: under the mask rows 0-82 see no key (dQ = 0 there; the
+//                        first 64-row step skipped by the key block).
+//   {1,1,1, 256, 256}    several key blocks and query steps, exact multiples: blocks wholly above,
+//                        on and below the causal diagonal.
+// Per stage, what these reach:
+//   07      64 x 64 tiles of keys and query rows in fp32, smaller under each learner's shared-memory
+//           limit (SharedMemoryLimits below runs these shapes again there).
+//   11      dK, dV in blocks of 128 keys stepping over 64 query rows (128 at head_dim 64 where shared
+//           memory allows; Stage11NarrowStep runs 64 there too), dQ by atomics through shared memory
+//           (Stage11RedAdd: by red.global.add) in the default mode, and by the deterministic pass's
+//           64 x 64 tiles; both modes in both dtypes.
+std::vector<Case> default_backward_sweep() {
+  // batch, heads_q, heads_kv, seq_q, seq_kv; head_dim, causal and dtype are set below
+  const harness::Problem shapes[] = {{1, 1, 1, 1, 1},    {2, 3, 3, 127, 128}, {2, 8, 2, 129, 129},
+                                     {4, 8, 1, 17, 100}, {4, 8, 1, 100, 17},  {1, 1, 1, 256, 256}};
+  std::vector<Case> cases;
+  for (const registry::Stage* entry : stages_and_exercises()) {
+    if (!entry->backward) continue;
+    for (flash::DType dtype : entry->dtypes)
+      for (int head_dim : {32, 64, 128})
+        for (harness::Problem p : shapes)
+          for (bool causal : {false, true}) {
+            p.head_dim = head_dim;
+            p.causal = causal;
+            p.dtype = dtype;
+            if (entry->supports(p)) cases.push_back(case_of(*entry, p));
+          }
+  }
+  return cases;
+}
+
+std::vector<Case> backward_sweep() {
+  return stage_params::full_sweep() ? full_backward_sweep() : default_backward_sweep();
 }
 
 class BackwardSweep : public StageSweep {};
