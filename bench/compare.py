@@ -16,10 +16,10 @@ Implementations:
                    that refuses the dtype (flash and usually cudnn refuse fp32) is listed as such.
 Backward of the PyTorch implementations is autograd (torch.autograd.grad with retain_graph).
 
-Grid: B*N = 16384 tokens and H*d = 2048 (H = 32 at d = 64, 16 at d = 128), d 64 and 128,
-N = 512 .. 16384, causal and not; fp32 with TF32 off in cuBLAS and cuDNN. Every q, k, v, o is then
-128 MiB, 2.5 times the H100's L2; the inputs are rotated among several sets all the same, so that no
-case is flattered by a warm cache.
+Grid (read from bench/bench_grid.h, the C++ benchmarks' header): B*N = 16384 tokens and H*d = 2048
+(H = 32 at d = 64, 16 at d = 128), d 64 and 128, N = 512 .. 16384, causal and not; fp32 with TF32
+off in cuBLAS and cuDNN. Every q, k, v, o is then 128 MiB, 2.5 times the H100's L2; the inputs are
+rotated among several sets all the same, so that no case is flattered by a warm cache.
 
 Timing: CUDA events around each call on PyTorch's current stream; one untimed warm-up, then timed
 calls until a per-case budget is spent (at least 3, at most 50); the median is reported. A cell's
@@ -73,10 +73,34 @@ import sys
 import time
 import warnings
 
-TOKENS = 16384
-HIDDEN = 2048  # H * d
-SEQ_LENS = [512, 1024, 2048, 4096, 8192, 16384]
-HEAD_DIMS = [64, 128]
+
+def read_bench_grid(path=os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_grid.h")):
+    """bench_grid.h's kTokens, kHeadsTimesDim, seq_lens() and head_dims(): the grid of the C++
+    benchmarks, read from their header so that the two cannot measure different problems. Exits,
+    naming what it could not find, where the header no longer reads as expected."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        sys.exit(f"compare.py: cannot read the benchmark grid: {e}")
+
+    def match(what, pattern):
+        m = re.search(pattern, text)
+        if not m:
+            sys.exit(f"compare.py: {path} has no {what} in the form this script reads (pattern {pattern!r})")
+        return m.group(1)
+
+    def scalar(name):
+        return int(match(name, rf"constexpr\s+int\s+{name}\s*=\s*(\d+)\s*;"))
+
+    def int_list(function):
+        body = match(f"{function}()", rf"{function}\(\)\s*\{{[^{{}}]*=\s*\{{([\d\s,]+)\}}\s*;")
+        return [int(x) for x in body.replace(",", " ").split()]
+
+    return scalar("kTokens"), scalar("kHeadsTimesDim"), int_list("seq_lens"), int_list("head_dims")
+
+
+TOKENS, HIDDEN, SEQ_LENS, HEAD_DIMS = read_bench_grid()  # HIDDEN: H * d
 QUICK_SEQ_LENS = [512, 1024]
 
 SDPA_BACKENDS = ["flash", "cudnn", "efficient", "math"]
@@ -580,7 +604,7 @@ DECODE_SHAPES = [(1, 131072), (8, 32768), (64, 4096)]  # (batch, seq_kv): the th
 DECODE_SWEEP = [1024, 4096, 16384, 65536, 131072, 262144, 1048576]  # seq_kv at batch 1
 # GPU clock cycles of torch.cuda._sleep after each flush: about 0.2 ms at the H100's 1.98 GHz, longer
 # than the host takes to issue one call. Without the hold, that host time landed in the timed span of
-# the small calls (bench/results/RUNS.md, 2026-11-23).
+# the small calls (the decode timing of 2026-11-23 in bench/results/RUNS.md as committed in 1df9b43).
 DECODE_HOLD_CYCLES = 400_000
 ANCHORS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "pytorch_anchors_h100.md")
 

@@ -5,7 +5,7 @@ tests/python/test_training.py trains one small causal transformer three times fr
 the same batches, under bf16 autocast: with flash_stages.attention (stage 10's forward, stage 11's
 backward), with SDPA's flash backend (FlashAttention-2, the reference) and with SDPA's math backend
 (the spread that bf16 rounding alone causes). With FLASH_TRAINING_OUT set it writes the three curves
-as JSON; bench/results/h100_training_bf16.json is that file from the H100 run (bench/results/RUNS.md).
+as JSON; bench/results/h100_training_bf16.json is that file from the H100 run (its command: bench/results/MANIFEST.md).
 
     python3 scripts/docs/plot_training.py [--json bench/results/h100_training_bf16.json] [--out FILE.png]
 

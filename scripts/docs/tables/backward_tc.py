@@ -101,25 +101,29 @@ def backward_tc_table(tag):
     return "\n".join(lines)
 
 
-def stage11_best_rounds(calls):
-    """{(call, version): {(d, causal, n): ms}} from h100_stage11_steps.txt for the given calls (bf16): per
-    cell the fastest of the call's rounds."""
-    best, call, version = {}, None, None
+# A block of h100_stage11_steps.txt: one round of one version in a run, the run named for the change it measures.
+STAGE11_BLOCK = re.compile(r"## run (\S+) round \d+: (\S+)")
+
+
+def stage11_best_rounds(runs):
+    """{(run, version): {(d, causal, n): ms}} from h100_stage11_steps.txt for the given runs (bf16): per
+    cell the fastest of the run's rounds."""
+    best, run, version = {}, None, None
     for line in (RESULTS / "h100_stage11_steps.txt").read_text().splitlines():
-        m = re.match(r"## call (\d+) round \d+: (\S+)", line)
+        m = STAGE11_BLOCK.match(line)
         if m:
-            call, version = int(m[1]), m[2]
+            run, version = m[1], m[2]
             continue
         m = re.match(r"stage11_backward_tc/bf16/d(\d+)/causal(\d)/backward/seq:(\d+) ([\d.]+)", line)
-        if m and call in calls:
-            cell = best.setdefault((call, version), {})
+        if m and run in runs:
+            cell = best.setdefault((run, version), {})
             key = (int(m[1]), m[2] == "1", int(m[3]))
             cell[key] = min(cell.get(key, float("inf")), float(m[4]))
     return best
 
 
 # stage11-steps: (version, label) in the order the lesson takes them. Each is compared with the version
-# it was timed against in the same call (h100_stage11_steps.txt says which call timed which).
+# it was timed against in the same run (h100_stage11_steps.txt says which run timed which).
 STAGE11_STEPS = (("two-barriers", "two barriers"), ("one-barrier", "one barrier"),
                  ("br64", "larger step"), ("two-blocks", "2 blocks per SM"))
 
@@ -128,18 +132,19 @@ def stage11_steps_table():
     """dk_dv_kernel's measured changes: per cell, each version's fastest round (ms per backward call), and
     its speed over the version it is compared with, timed in the same run: one-barrier over two-barriers,
     br64 and two-blocks over one-barrier."""
-    best = stage11_best_rounds((2, 3))
-    pairs = ((2, "one-barrier", "two-barriers"), (3, "br64", "one-barrier"), (3, "two-blocks", "one-barrier"))
+    best = stage11_best_rounds(("barriers", "step-shapes"))
+    pairs = (("barriers", "one-barrier", "two-barriers"), ("step-shapes", "br64", "one-barrier"),
+             ("step-shapes", "two-blocks", "one-barrier"))
     label = dict(STAGE11_STEPS)
     lines = ["| d | causal | N | " + " | ".join(f"{label[v]} (ms)" for v, _ in STAGE11_STEPS) + " | " +
              " | ".join(f"{label[num]} / {label[den]}" for _, num, den in pairs) + " |",
              "|---|---|---|" + "---|" * (len(STAGE11_STEPS) + len(pairs))]
-    keys = sorted(best[(2, "two-barriers")])
+    keys = sorted(best[("barriers", "two-barriers")])
     gains = [[] for _ in pairs]
     for key in keys:
         d, causal, n = key
-        times = [best[(2, "two-barriers")][key], best[(2, "one-barrier")][key], best[(3, "br64")][key],
-                 best[(3, "two-blocks")][key]]
+        times = [best[("barriers", "two-barriers")][key], best[("barriers", "one-barrier")][key],
+                 best[("step-shapes", "br64")][key], best[("step-shapes", "two-blocks")][key]]
         ratios = []
         for i, (c, num, den) in enumerate(pairs):
             r = best[(c, den)][key] / best[(c, num)][key]
@@ -157,8 +162,8 @@ def stage11_steps_table():
                  "of shared memory); 2 blocks per SM: one barrier with 4 warps ($B_c$ = 64) per block, $B_r$ as "
                  "one barrier's. Each figure is the faster of two interleaved rounds, each round "
                  "`flash-stages-bench`'s median. A ratio compares two versions timed in the same "
-                 "call (call 2: one barrier against two; call 3: the two shapes against one barrier), so the "
-                 "columns of different calls are not ratios of each other. From "
+                 "run (run `barriers`: one barrier against two; run `step-shapes`: the two shapes against one "
+                 "barrier), so the columns of different runs are not ratios of each other. From "
                  "`bench/results/h100_stage11_steps.txt`; the commands are in `bench/results/MANIFEST.md`.")
     return "\n".join(lines)
 
@@ -166,12 +171,12 @@ def stage11_steps_table():
 def stage11_order_table():
     """Causal blocks head by head (against step-counters) and P between the score products (p-mixed,
     against head-order): ms per call and the speed-up, per cell."""
-    best = stage11_best_rounds((10, 13))
-    pairs = ((10, "step-counters", "head-order"), (13, "head-order", "p-mixed"))
+    best = stage11_best_rounds(("head-order", "p-mixed"))
+    pairs = (("head-order", "step-counters", "head-order"), ("p-mixed", "head-order", "p-mixed"))
     lines = ["| d | causal | N | step counters (ms) | head by head (ms) | speed-up | head by head (ms) | "
              "+ P before dP (ms) | speed-up |", "|---|---|---|---|---|---|---|---|---|"]
     gains = [[] for _ in pairs]
-    for key in sorted(best[(10, "step-counters")]):
+    for key in sorted(best[("head-order", "step-counters")]):
         d, causal, n = key
         row = [str(d), "yes" if causal else "no", str(n)]
         for i, (c, before, after) in enumerate(pairs):
@@ -183,10 +188,11 @@ def stage11_order_table():
     lines.append("")
     lines.append("Stage 11's backward (dk_dv_kernel changed), bf16, default mode, ms per call on the benchmark's "
                  "problem (B·N = 16384, H·d = 2048), NVIDIA H100 80GB HBM3. Step counters: the kernel before these "
-                 "changes. Head by head: causal blocks in the non-causal order (call 10). + P before dP: head by "
-                 "head with $P$ exponentiated between the two score products, kept (call 13; the copies of the "
-                 "step as in the text). Each figure is the fastest of the call's interleaved rounds (two) of "
-                 "`flash-stages-bench`'s median; a speed-up compares two versions timed in the same call. From "
+                 "changes. Head by head: causal blocks in the non-causal order (run `head-order`). + P before dP: "
+                 "head by head with $P$ exponentiated between the two score products, kept (run `p-mixed`; the "
+                 "copies of the step as in the text). Each figure is the fastest of the run's interleaved rounds "
+                 "(two) of `flash-stages-bench`'s median; a speed-up compares two versions timed in the same run. "
+                 "From "
                  "`bench/results/h100_stage11_steps.txt`; the commands are in `bench/results/MANIFEST.md`.")
     return "\n".join(lines)
 
@@ -194,18 +200,18 @@ def stage11_order_table():
 def stage11_p_variants_table():
     """The placements of P tried (each over head-order in its run), and four changes on the kept kernel
     (over p-mixed): speed-ups per cell."""
-    best = stage11_best_rounds((11, 12, 13, 14, 15, 16))
-    columns = (("mask a branch after dP", 11, "head-order", "head-order+p-branch"),
-               ("select on every step", 12, "head-order", "head-order+p-select"),
-               ("two copies", 13, "head-order", "head-order+p-copies"),
-               ("two copies, not causal (kept)", 13, "head-order", "p-mixed"),
-               ("staggered start", 14, "p-mixed", "stagger"),
-               ("P stored before dP", 15, "p-mixed", "p-stored-early"),
-               ("lse, D by cp.async", 15, "p-mixed", "async-rows-2"),
-               ("dQ by 16-byte reductions", 16, "p-mixed", "red-v4"))
+    best = stage11_best_rounds(("p-branch", "p-select", "p-mixed", "stagger", "p-early-async-rows", "red-v4"))
+    columns = (("mask a branch after dP", "p-branch", "head-order", "head-order+p-branch"),
+               ("select on every step", "p-select", "head-order", "head-order+p-select"),
+               ("two copies", "p-mixed", "head-order", "head-order+p-copies"),
+               ("two copies, not causal (kept)", "p-mixed", "head-order", "p-mixed"),
+               ("staggered start", "stagger", "p-mixed", "stagger"),
+               ("P stored before dP", "p-early-async-rows", "p-mixed", "p-stored-early"),
+               ("lse, D by cp.async", "p-early-async-rows", "p-mixed", "async-rows-2"),
+               ("dQ by 16-byte reductions", "red-v4", "p-mixed", "red-v4"))
     lines = ["| d | causal | N | " + " | ".join(c[0] for c in columns) + " |", "|---|---|---|" + "---|" * len(columns)]
     gains = [[] for _ in columns]
-    for key in sorted(best[(13, "head-order")]):
+    for key in sorted(best[("p-mixed", "head-order")]):
         d, causal, n = key
         row = [str(d), "yes" if causal else "no", str(n)]
         for i, (_, c, before, after) in enumerate(columns):
@@ -216,14 +222,15 @@ def stage11_p_variants_table():
     lines.append("| geometric mean | | | " + " | ".join(f"{geo_mean(g):.2f}x" for g in gains) + " |")
     lines.append("")
     lines.append("Speed-ups of stage 11's backward, bf16, default mode, on the benchmark's problem (B·N = 16384, "
-                 "H·d = 2048), NVIDIA H100 80GB HBM3, each over the kernel it was timed against in the same call: "
-                 "the first four over head by head (the mask a branch after dP: call 11; a select on every "
-                 "step: call 12; two copies of the step, masked and not, chosen per step: call 13; two copies "
-                 "when not causal and the select copy on every causal step, kept: call 13), the last four over "
-                 "the kept kernel (the staggered start: call 14; $P$ stored to shared memory as soon as it is "
-                 "computed, and each step's lse and $D$ copied by `cp.async`: call 15; dQ's share added by "
-                 "`red.global.add.v4.f32`: call 16). Each time is the fastest of the call's interleaved rounds (two "
-                 "or three) of `flash-stages-bench`'s median. From `bench/results/h100_stage11_steps.txt`; the "
+                 "H·d = 2048), NVIDIA H100 80GB HBM3, each over the kernel it was timed against in the same run: "
+                 "the first four over head by head (the mask a branch after dP: run `p-branch`; a select on "
+                 "every step: run `p-select`; two copies of the step, masked and not, chosen per step, and two "
+                 "copies when not causal with the select copy on every causal step, kept: run `p-mixed`), the "
+                 "last four over the kept kernel (the staggered start: run `stagger`; $P$ stored to shared "
+                 "memory as soon as it is computed, and each step's lse and $D$ copied by `cp.async`: run "
+                 "`p-early-async-rows`; dQ's share added by `red.global.add.v4.f32`: run `red-v4`). Each time "
+                 "is the fastest of the run's interleaved rounds (two or three) of `flash-stages-bench`'s "
+                 "median. From `bench/results/h100_stage11_steps.txt`; the "
                  "commands are in `bench/results/MANIFEST.md`.")
     return "\n".join(lines)
 
@@ -231,15 +238,15 @@ def stage11_p_variants_table():
 def stage11_bulk_table():
     """dQ's share through shared memory and one bulk copy per warp (bulk-dq, over p-mixed), and the next
     tile's lse and D loaded a step ahead on top of it (over bulk-dq)."""
-    best = stage11_best_rounds((17, 18))
+    best = stage11_best_rounds(("bulk-dq", "lse-regs"))
     lines = ["| d | causal | N | before (ms) | dQ by bulk copy (ms) | speed-up | speed-up, again | "
              "+ lse, D a step ahead |", "|---|---|---|---|---|---|---|---|"]
     gains = [[], [], []]
-    for key in sorted(best[(17, "p-mixed")]):
+    for key in sorted(best[("bulk-dq", "p-mixed")]):
         d, causal, n = key
-        before, bulk = best[(17, "p-mixed")][key], best[(17, "bulk-dq")][key]
-        ratios = (before / bulk, best[(18, "p-mixed")][key] / best[(18, "bulk-dq")][key],
-                  best[(18, "bulk-dq")][key] / best[(18, "bulk-dq+lse-regs")][key])
+        before, bulk = best[("bulk-dq", "p-mixed")][key], best[("bulk-dq", "bulk-dq")][key]
+        ratios = (before / bulk, best[("lse-regs", "p-mixed")][key] / best[("lse-regs", "bulk-dq")][key],
+                  best[("lse-regs", "bulk-dq")][key] / best[("lse-regs", "bulk-dq+lse-regs")][key])
         for g, r in zip(gains, ratios):
             g.append(r)
         lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | {before:.3f} | {bulk:.3f} | " +
@@ -250,9 +257,10 @@ def stage11_bulk_table():
                  "H·d = 2048), NVIDIA H100 80GB HBM3. Before: the kernel of [block order and P before dP]"
                  "(#block-order-and-p-before-dp), dQ's share added by `red.global.add.v2.f32` from registers. dQ by "
                  "bulk copy: each warp's part staged in shared memory and added by one `cp.reduce.async.bulk`, "
-                 "kept (call 17; speed-up, again: the same two versions in call 18). + lse, D a step ahead: the "
-                 "next tile's lse and $D$ loaded into registers a step before they are stored to shared memory, "
-                 "over dQ by bulk copy (call 18), not kept. Each figure is the fastest of the call's two "
+                 "kept (run `bulk-dq`; speed-up, again: the same two versions in run `lse-regs`). + lse, D a step "
+                 "ahead: the next tile's lse and $D$ loaded into registers a step before they are stored to "
+                 "shared memory, over dQ by bulk copy (run `lse-regs`), not kept. Each figure is the fastest of "
+                 "the run's two "
                  "interleaved rounds of `flash-stages-bench`'s median. From `bench/results/h100_stage11_steps.txt`; "
                  "the commands are in `bench/results/MANIFEST.md`.")
     return "\n".join(lines)
@@ -262,26 +270,26 @@ def stage11_2d_table():
     """The two-dimensional warp grids (both head_dims) and 128 rows per step at head_dim 64, each
     against key-rows, the kernel before them, timed in the same run: per cell the
     fastest of two interleaved rounds (h100_stage11_steps.txt)."""
-    best = {}  # (call, version, dtype) -> {(d, causal, n): ms}
-    call = version = None
+    best = {}  # (run, version, dtype) -> {(d, causal, n): ms}
+    run = version = None
     for line in (RESULTS / "h100_stage11_steps.txt").read_text().splitlines():
-        m = re.match(r"## call (\d+) round \d+: (\S+)", line)
+        m = STAGE11_BLOCK.match(line)
         if m:
-            call, version = int(m[1]), m[2]
+            run, version = m[1], m[2]
             continue
         m = re.match(r"stage11_backward_tc/(bf16|fp16)/d(\d+)/causal(\d)/backward/seq:(\d+) ([\d.]+)", line)
-        if m and call in (5, 6):
-            cell = best.setdefault((call, version, m[1]), {})
+        if m and run in ("2d-grids", "2d-128-rows"):
+            cell = best.setdefault((run, version, m[1]), {})
             key = (int(m[2]), m[3] == "1", int(m[4]))
             cell[key] = min(cell.get(key, float("inf")), float(m[5]))
     lines = ["| dtype | d | causal | N | key-rows (ms) | 2D warp grids (ms) | speed-up | key-rows (ms) | "
              "2D, 128 rows (ms) | speed-up |", "|---|---|---|---|---|---|---|---|---|---|"]
-    gains = {5: [], 6: []}
+    gains = {"2d-grids": [], "2d-128-rows": []}
     keys = sorted({(dt, k) for (c, _, dt), cells in best.items() for k in cells})
     for dtype, key in keys:
         d, causal, n = key
         row = [dtype, str(d), "yes" if causal else "no", str(n)]
-        for c, new_version in ((5, "2d-tiles"), (6, "2d-br128")):
+        for c, new_version in (("2d-grids", "2d-tiles"), ("2d-128-rows", "2d-br128")):
             before, after = best.get((c, "key-rows", dtype), {}).get(key), best.get((c, new_version, dtype), {}).get(key)
             if before is None or after is None:
                 row += ["–", "–", "–"]
@@ -289,15 +297,16 @@ def stage11_2d_table():
             gains[c].append(before / after)
             row += [f"{before:.3f}", f"{after:.3f}", f"{before / after:.2f}x"]
         lines.append("| " + " | ".join(row) + " |")
-    lines.append(f"| geometric mean | | | | | | {geo_mean(gains[5]):.2f}x | | | {geo_mean(gains[6]):.2f}x |")
+    lines.append(f"| geometric mean | | | | | | {geo_mean(gains['2d-grids']):.2f}x | | | "
+                 f"{geo_mean(gains['2d-128-rows']):.2f}x |")
     lines.append("")
     lines.append("Stage 11's backward (dk_dv_kernel changed), default mode, ms per call on the benchmark's problem (B·N = 16384, H·d = 2048), "
                  "NVIDIA H100 80GB HBM3. Key-rows: the kernel before these changes (each warp owns 16 keys, "
-                 "$B_r$ = 64). 2D warp grids: FlashAttention-2's layout, $B_r$ = 64 (call 5, bf16). 2D, 128 rows: "
+                 "$B_r$ = 64). 2D warp grids: FlashAttention-2's layout, $B_r$ = 64 (run `2d-grids`, bf16). 2D, 128 rows: "
                  "the 2D grids with $B_r$ = 128 at head_dim 64, the shape this stage runs where a block may use "
-                 "162 KiB (call 6, head_dim 64 only, bf16 and fp16). Each figure is the faster of two interleaved "
-                 "rounds of `flash-stages-bench`'s median; a speed-up compares two versions timed in the same "
-                 "call. From `bench/results/h100_stage11_steps.txt`; the commands are in `bench/results/MANIFEST.md`.")
+                 "162 KiB (run `2d-128-rows`, head_dim 64 only, bf16 and fp16). Each figure is the faster of two "
+                 "interleaved rounds of `flash-stages-bench`'s median; a speed-up compares two versions timed in "
+                 "the same run. From `bench/results/h100_stage11_steps.txt`; the commands are in `bench/results/MANIFEST.md`.")
     return "\n".join(lines)
 
 

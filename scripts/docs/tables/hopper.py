@@ -186,10 +186,10 @@ def stage12_after_b_table():
 
 
 # O stored behind the next scores and the odd last tile unmasked: their variants against work tiles back
-# to back, in blocks of stage12-variants output under "## call N, DTYPE, head_dim D" headings. The blocks
-# in STORE_BEHIND_ODD_CALLS ran the registered non-causal kernels of both pieces; the causal kernels of
-# the others still held the unmasked left-over instance, which the registered stage leaves out of causal
-# kernels.
+# to back, in blocks of stage12-variants output under "## COMMIT, DTYPE, head_dim D" headings, COMMIT the
+# tree timed. The blocks of STORE_BEHIND_ODD_TREES ran the registered non-causal kernels of both pieces;
+# the causal kernels of the others still held the unmasked left-over instance, which the registered stage
+# leaves out of causal kernels.
 STORE_BEHIND_FILE = "h100_stage12_store_behind.txt"
 
 
@@ -197,52 +197,54 @@ STORE_BEHIND_SLUGS = (variant_slug("+ work tiles back to back"), variant_slug("+
                       variant_slug("+ odd last tile unmasked"))
 
 
-STORE_BEHIND_ODD_CALLS = (2, 5)
+STORE_BEHIND_ODD_TREES = ("003eabd", "e01acbe")
 
 
 def load_store_behind():
-    """{call: {(dtype, head_dim, causal, N): {slug: row}}} of STORE_BEHIND_FILE."""
-    calls, call = {}, None
+    """{commit: {(dtype, head_dim, causal, N): {slug: row}}} of STORE_BEHIND_FILE, commits in file order."""
+    trees, tree = {}, None
     for line in (RESULTS / STORE_BEHIND_FILE).read_text().splitlines():
-        heading = re.match(r"## call (\d+),", line)
+        heading = re.match(r"## ([0-9a-f]{7,}),", line)
         if heading:
-            call = calls.setdefault(int(heading[1]), {})
+            tree = trees.setdefault(heading[1], {})
             continue
         m = VARIANTS12_LINE.match(line)
-        if m and call is not None:
-            call.setdefault((m[1], int(m[2]), m[3] == "1", int(m[4])), {})[variant_slug(m[5])] = {
+        if m and tree is not None:
+            tree.setdefault((m[1], int(m[2]), m[3] == "1", int(m[4])), {})[variant_slug(m[5])] = {
                 "ms": float(m[6]), "tflops": float(m[7])}
-    return calls
+    return trees
 
 
 def stage12_store_behind_table():
-    """Each piece's step, call by call: back to back over the store behind the next scores, and (not
+    """Each piece's step, tree by tree: back to back over the store behind the next scores, and (not
     causal) the store behind over the odd last tile unmasked."""
-    calls = load_store_behind()
+    trees = load_store_behind()
     b2b, behind, odd = STORE_BEHIND_SLUGS
-    lines = ["| dtype | head_dim | causal | N | store behind / back to back, calls " + ", ".join(map(str, calls))
-             + " | odd tile unmasked / store behind, calls " + ", ".join(map(str, STORE_BEHIND_ODD_CALLS)) + " |",
+    lines = ["| dtype | head_dim | causal | N | store behind / back to back, at " + ", ".join(trees)
+             + " | odd tile unmasked / store behind, at " + ", ".join(STORE_BEHIND_ODD_TREES) + " |",
              "|---|---|---|---|---|---|"]
     for tag in ("bf16", "fp16"):
         for d in (128, 64):
             for causal in (False, True):
                 for n in VARIANTS12_SEQS:
                     key = (tag, d, causal, n)
-                    steps = [f"{c[key][b2b]['ms'] / c[key][behind]['ms']:.3f}" for c in calls.values() if key in c]
-                    odd_steps = [f"{calls[c][key][behind]['ms'] / calls[c][key][odd]['ms']:.3f}"
-                                 for c in STORE_BEHIND_ODD_CALLS if key in calls.get(c, {})]
+                    steps = [f"{t[key][b2b]['ms'] / t[key][behind]['ms']:.3f}" for t in trees.values() if key in t]
+                    odd_steps = [f"{trees[t][key][behind]['ms'] / trees[t][key][odd]['ms']:.3f}"
+                                 for t in STORE_BEHIND_ODD_TREES if key in trees.get(t, {})]
                     lines.append(f"| {tag} | {d} | {'yes' if causal else 'no'} | {n} | {', '.join(steps)} | "
                                  + (", ".join(odd_steps) if not causal else "(not in causal kernels)") + " |")
     lines.append("")
     lines.append("Each step is the time of the row before over the row's own, in the same block of "
-                 "`stage12-variants` (above 1: the piece helps); call 5 ran head_dim 64 only. From "
+                 "`stage12-variants` (above 1: the piece helps), one figure per commit timed, in the order of the "
+                 f"column's heading; {STORE_BEHIND_ODD_TREES[-1]} ran head_dim 64 only. From "
                  f"`bench/results/{STORE_BEHIND_FILE}` (commands: `bench/results/MANIFEST.md`).")
     return "\n".join(lines)
 
 
-# Wider K/V tiles at head_dim 64, in blocks of stage12-variants output under "## call N, DTYPE, head_dim
-# 64[, --seq N]" headings, against the odd last tile unmasked (128 keys). In the first block the 160-key
-# kernel's row carries a stale label (the file's header says so).
+# Wider K/V tiles at head_dim 64, in blocks of stage12-variants output under "## build B, DTYPE, head_dim
+# 64[, --seq N]" headings (build a: 160-key tiles alone; b: with three K/V stages added), against the odd
+# last tile unmasked (128 keys). In build a the 160-key kernel's row carries a stale label (the file's
+# header says so).
 WIDE_KEYS_FILE = "h100_stage12_wide_keys.txt"
 
 
@@ -267,24 +269,24 @@ WIDE_KEYS_MIN = {False: 2048, True: 4096}
 
 def load_wide_keys():
     """{(dtype, causal, N): [{slug: ms} per block, in file order]} of WIDE_KEYS_FILE."""
-    cells, call = {}, None
+    cells, build = {}, None
     for line in (RESULTS / WIDE_KEYS_FILE).read_text().splitlines():
-        heading = re.match(r"## call (\d+),", line)
+        heading = re.match(r"## build (\w+),", line)
         if heading:
-            call = int(heading[1])
+            build = heading[1]
             continue
         m = VARIANTS12_LINE.match(line)
-        if m and call is not None:
+        if m and build is not None:
             blocks = cells.setdefault((m[1], m[3] == "1", int(m[4])), {})
-            blocks.setdefault(call, {})[variant_slug(m[5])] = float(m[6])
+            blocks.setdefault(build, {})[variant_slug(m[5])] = float(m[6])
     return cells
 
 
 def stage12_wide_keys_table():
-    """160 keys a K/V tile at head_dim 64 over 128, call by call; three K/V stages with 160 keys over 128;
+    """160 keys a K/V tile at head_dim 64 over 128, build by build; three K/V stages with 160 keys over 128;
     and the spread of the two timings of the 128-key kernel in each block."""
     cells = load_wide_keys()
-    lines = ["| dtype | causal | N | 160 keys / 128 keys (calls) | 160 keys, 3 stages / 128 keys | "
+    lines = ["| dtype | causal | N | 160 keys / 128 keys (build) | 160 keys, 3 stages / 128 keys | "
              "spread of the 128-key kernel | registered takes |",
              "|---|---|---|---|---|---|---|"]
     for tag in ("bf16", "fp16"):
@@ -292,9 +294,9 @@ def stage12_wide_keys_table():
             for n in WIDE_KEYS_SEQS:
                 blocks = cells.get((tag, causal, n), {})
                 wide, three, spread = [], [], []
-                for call, b in sorted(blocks.items()):
+                for build, b in sorted(blocks.items()):
                     base = b[WIDE_KEYS_BASE]
-                    wide += [f"{base / b[s]:.3f} ({call})" for s in WIDE_KEYS_160 if s in b]
+                    wide += [f"{base / b[s]:.3f} ({build})" for s in WIDE_KEYS_160 if s in b]
                     if WIDE_KEYS_THREE_STAGES in b:
                         three.append(f"{base / b[WIDE_KEYS_THREE_STAGES]:.3f}")
                     spread.append(f"{max(base, b[WIDE_KEYS_AGAIN]) / min(base, b[WIDE_KEYS_AGAIN]):.3f}")
@@ -304,13 +306,15 @@ def stage12_wide_keys_table():
     lines.append("")
     lines.append("Head_dim 64, the FlashAttention grid; each ratio is the 128-key kernel's time (the odd last tile "
                  "unmasked) over the row's own in the same block of `stage12-variants` (above 1: 160 keys are "
-                 "faster); the spread is how far apart the block's two timings of the 128-key kernel are. From "
+                 "faster); the spread is how far apart the block's two timings of the 128-key kernel are. Build (a): "
+                 "the tree with 160-key tiles alone; (b): with three K/V stages added, timed again at N = 1024, "
+                 "4096 and 16384. From "
                  f"`bench/results/{WIDE_KEYS_FILE}` (commands: `bench/results/MANIFEST.md`).")
     return "\n".join(lines)
 
 
 # The causal schedules (single tiles after the pairs, pairs at any head count), in blocks of
-# stage12-variants output under "## call N, DTYPE, head_dim D[, --seq N]" headings, against variant 12. The
+# stage12-variants output under "## DTYPE, head_dim D[, --seq N]" headings, against variant 12. The
 # three rows differ only causal: not causal, they are one launch timed three times.
 TAIL_FILE = "h100_stage12_tail.txt"
 
