@@ -1,46 +1,46 @@
 #!/usr/bin/env bash
-# CI: the README's "Copy a stage into your own project", run as written, in a scratch folder that
-# holds only a copy of stages/ and common/ (what a learner's clone has there). The section's code
-# blocks are taken from README.md itself, so the recipe cannot drift from what this checks:
-#   1st sh block   make my_project/ and copy the stage and flash_stage.cuh into it;
-#   cpp block      my_project/main.cpp;
-#   2nd sh block   compile, link and run.
-# Linking needs no GPU. Running does: without one the program must say so and exit 2.
+# CI: docs/copy_a_stage.md's recipes, run as written. Every "## " section of the page that has
+# ```sh blocks is one recipe: its sh blocks, in order, run by one bash from the clone's root (so that
+# a variable set in one block is there in the next), as a reader pastes them. The recipes make their
+# project folders with mktemp -d; TMPDIR points those into a scratch folder this script removes.
+# A recipe ends by running its program: with a GPU it must print "stageNN::forward: success"; without
+# one it must exit 2 after saying what it found ("no NVIDIA driver" or "no CUDA device"), and the
+# program must have been built.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-
-section=$(awk '/^## Copy a stage into your own project/ { on = 1; next } /^## / { on = 0 } on' "$repo/README.md")
-# block LANG N: the body of the N-th fenced block of language LANG in the section.
-block() {
-  awk -v lang="$1" -v want="$2" '
-    /^```/ { if (fence) { fence = 0; take = 0 } else { fence = 1; if ($0 == "```" lang && ++n == want) take = 1 }; next }
-    take' <<<"$section"
-}
-copy=$(block sh 1)
-main=$(block cpp 1)
-build=$(block sh 2)
-for part in copy main build; do
-  [ -n "${!part}" ] || { echo "copy_stage: README's recipe has no '$part' block"; exit 1; }
-done
+page="$repo/docs/copy_a_stage.md"
 
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-cp -r "$repo/stages" "$repo/common" "$scratch/"
-cd "$scratch"
 
-bash -euo pipefail -c "$copy"
-printf '%s\n' "$main" > my_project/main.cpp
-set +e
-bash -euo pipefail -c "$build" > run.log 2>&1
-rc=$?
-set -e
-cat run.log
-if [ $rc -eq 0 ]; then
-  grep -q "stage05::forward: success" run.log
-elif [ $rc -eq 2 ] && [ -x my_project/attention_demo ] && grep -q "no GPU to run on" run.log; then
-  echo "copy_stage: compiled and linked; no GPU here to run it"
-else
-  echo "copy_stage: the README's recipe failed (exit $rc)"
-  exit 1
-fi
-echo "copy_stage: README recipe OK"
+# The page's sections that hold sh blocks, by heading.
+mapfile -t headings < <(awk '/^## / { heading = $0 }
+                              /^```sh$/ && heading != "" { print heading; heading = "" }' "$page")
+[ ${#headings[@]} -ge 2 ] || { echo "copy_stage: $page has fewer than two recipes"; exit 1; }
+
+for heading in "${headings[@]}"; do
+  # The sh blocks of this section, concatenated.
+  recipe=$(awk -v want="$heading" '
+    /^## / { on = ($0 == want); next }
+    /^```/ { if (fence) { fence = 0; take = 0 } else { fence = 1; take = on && $0 == "```sh" }; next }
+    take' "$page")
+  echo "copy_stage: ${heading#\#\# }"
+  mkdir -p "$scratch/tmp"
+  set +e
+  (cd "$repo" && TMPDIR="$scratch/tmp" bash -euo pipefail -c "$recipe") >"$scratch/run.log" 2>&1
+  rc=$?
+  set -e
+  tail -n 5 "$scratch/run.log"
+  if [ $rc -eq 0 ] && grep -q "^stage[0-9][0-9]::forward: success$" "$scratch/run.log"; then
+    echo "copy_stage: built and ran"
+  elif [ $rc -eq 2 ] && grep -qE "^attention: (no NVIDIA driver|no CUDA device)" "$scratch/run.log" &&
+       find "$scratch/tmp" -type f -name attention -perm -u+x | grep -q .; then
+    echo "copy_stage: built; no GPU here to run it, and the program said so"
+  else
+    cat "$scratch/run.log"
+    echo "copy_stage: the recipe '${heading#\#\# }' of docs/copy_a_stage.md failed (exit $rc)"
+    exit 1
+  fi
+  rm -rf "$scratch/tmp"
+done
+echo "copy_stage: docs/copy_a_stage.md's ${#headings[@]} recipes OK"

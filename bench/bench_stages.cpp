@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_grid.h"
 #include "harness.h"
 #include "l2_flush.h"
 #include "registry.h"
@@ -45,18 +46,14 @@
 namespace {
 
 constexpr int kExitNoGpu = 2;  // as in the course runner, so scripts can tell "no GPU" from a failure
-constexpr uint64_t kSeed = 2024;
+using bench_grid::kSeed;
 
-// The grid of FlashAttention's benchmarks/benchmark_flash_attention.py, batch * seq = 16384 tokens,
-// with 16 heads at every head_dim: the fp32 rows of ../shared/perf-anchors.md use 16 heads, and at
-// N = 4096 this is the batch 4 x 16 heads problem the stages' targets are stated for.
-constexpr int kTokens = 16384;
-constexpr int kHeads = 16;
-// The half-precision families use FlashAttention's own grid, H * d = 2048 (32 heads at d64, 16 at
-// d128), the grid of bench/compare.py, so that their figures sit next to PyTorch's.
-constexpr int kHalfHeadsTimesDim = 2048;
-const std::vector<int> kSeqLens = {512, 1024, 2048, 4096, 8192, 16384};
-const std::vector<int> kHeadDims = {64, 128};
+// bench_grid.h's grid: batch * seq = kTokens. The fp32 stages run kFp32Heads heads at every head_dim
+// (at N = 4096, the batch 4 x 16 heads problem the stages' targets are stated for); the
+// half-precision families heads * head_dim = kHeadsTimesDim, the grid of bench/compare.py, so that
+// their figures sit next to PyTorch's.
+const std::vector<int>& kSeqLens = bench_grid::seq_lens();
+const std::vector<int>& kHeadDims = bench_grid::head_dims();
 
 // Enough time per case for tens of iterations of the fast stages; a slow stage at N = 16384 gets
 // one timed call, which keeps the whole grid within a few minutes on an H100.
@@ -68,8 +65,8 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 harness::Problem make_problem(int seq, int head_dim, bool causal, flash::DType dtype) {
   harness::Problem p;
-  p.batch = kTokens / seq;
-  p.heads_q = p.heads_kv = dtype == flash::DType::kFp32 ? kHeads : kHalfHeadsTimesDim / head_dim;
+  p.batch = bench_grid::batch_for(seq);
+  p.heads_q = p.heads_kv = dtype == flash::DType::kFp32 ? bench_grid::kFp32Heads : bench_grid::heads_for(head_dim);
   p.dtype = dtype;
   p.seq_q = p.seq_kv = seq;
   p.head_dim = head_dim;

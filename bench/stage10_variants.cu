@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_grid.h"
 #include "flash2_kernel.cuh"
 #include "harness.h"
 #include "registry.h"
@@ -18,9 +19,8 @@ namespace {
 
 constexpr int kExitNoGpu = 2;  // no GPU, or none with the tensor-core instructions of sm_80
 constexpr int kMinComputeCapability = 80;  // what stage 10 needs: its variants are launched directly
-constexpr uint64_t kSeed = 2024;
-constexpr int kTokens = 16384;
-constexpr int kHeadsTimesDim = 2048;
+using bench_grid::kHeadsTimesDim;
+using bench_grid::kSeed;
 constexpr int kWarmup = 3;
 constexpr int kRuns = 10;   // timed runs per round
 constexpr int kRounds = 3;  // interleaved rounds (harness::time_cuda_interleaved); the median round is reported
@@ -88,12 +88,12 @@ int main(int argc, char** argv) {
   }
   if (json) std::printf("[\n");
   bool first = true;
-  for (int head_dim : {64, 128})
+  for (int head_dim : bench_grid::head_dims())
     for (bool causal : {false, true})
       for (int seq : {1024, 4096, 16384}) {
         harness::Problem p;
-        p.batch = kTokens / seq;
-        p.heads_q = p.heads_kv = kHeadsTimesDim / head_dim;
+        p.batch = bench_grid::batch_for(seq);
+        p.heads_q = p.heads_kv = bench_grid::heads_for(head_dim);
         p.seq_q = p.seq_kv = seq;
         p.head_dim = head_dim;
         p.causal = causal;

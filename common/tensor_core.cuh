@@ -6,7 +6,8 @@
 // The fragment layouts the wrappers assume are drawn in docs/theory/11_tensor_cores.md. All of them
 // need compute capability 8.0 (mma.sync with bf16, ldmatrix, cp.async); a stage that uses them
 // checks the GPU before it launches. The few that Hopper (sm_90) adds say so, and what they compile to
-// below it.
+// below it. At the end, what stages 10 on share besides instructions: the constants of a base-2
+// softmax and the max and sum over the lanes that hold one row of an mma accumulator.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -230,11 +231,34 @@ __device__ inline void grid_dependency_wait() {
 #endif
 }
 
-// ex2.approx: 2^x on the special-function unit in one instruction (expf is a multiply and this).
+// ex2.approx.ftz: 2^x on the special-function unit in one instruction, subnormal inputs and results
+// flushed to zero. The fast-math intrinsic __expf is a multiply by log2 e and this; expf adds the
+// instructions around the ex2 that keep it within 2 ulp of exp(x), the maximum error the CUDA Math
+// API documents for it.
 __device__ inline float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+}
+
+// The softmax of stages 10 on is computed in base 2: exp(x) = 2^(x log2 e), with log2 e folded into
+// the score scale, and a row's base-2 lse brought back to base e once, by ln 2.
+constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
+constexpr float kLn2 = 0.6931471805599453f;    // ln(2)
+constexpr unsigned kFullWarp = 0xffffffffu;     // the mask of a *_sync warp function that every lane calls
+
+// The max and the sum of one row of an mma accumulator. Rows g and g + 8 of the 16x8 tile are held by
+// the four lanes 4g..4g+3 (columns 2t, 2t + 1 at lane 4g + t: mma_m16n8k16's layout), so two butterfly
+// steps, lane ^ 1 then lane ^ 2, give each of the four the row's result. Every lane of the warp must
+// call them.
+__device__ inline float max_over_row_lanes(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kFullWarp, x, 1));
+  return fmaxf(x, __shfl_xor_sync(kFullWarp, x, 2));
+}
+
+__device__ inline float sum_over_row_lanes(float x) {
+  x += __shfl_xor_sync(kFullWarp, x, 1);
+  return x + __shfl_xor_sync(kFullWarp, x, 2);
 }
 
 }  // namespace tensor_core

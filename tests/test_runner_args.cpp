@@ -122,7 +122,7 @@ TEST(Runner, ListNeedsNoGpu) {
   const Result r = runner("--list", /*merge_stderr=*/false);
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.out.rfind("01  naive", 0), 0u) << r.out;
-  // Stages only, one per line: scripts/gpu_check.sh runs each number it lists with --stage.
+  // Stages only, one per line: scripts/device/gpu_check.sh runs each number it lists with --stage.
   EXPECT_EQ(r.out.find("exercise"), std::string::npos) << r.out;
 }
 

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The GPU machine's run for stage 12 (Hopper), in phases, so that each fits one device call and a
 # hang (a barrier protocol that deadlocks shows up as one) costs a timeout, not the session:
-#   smoke     build, then version A on the smallest shapes, then every variant on one odd shape
-#   tests     every variant on its shapes (tests/test_hopper_gpu.cpp), then ctest -L stage12 (the
-#             registered stage over the whole sweep, the CPU checks, the layout model)
-#   sanitize  compute-sanitizer memcheck, racecheck, synccheck, initcheck on one case of every
-#             variant, both dtypes (small problems: the tools are 10-100x slower)
+#   smoke     build, then the stage on the smallest shapes of both kernels, then every rung of the
+#             ladder (bench/stage12_ladder/) on the small shapes at head_dim 128 in bf16
+#   tests     the stage on the shapes that reach its paths (tests/test_hopper_gpu.cpp), the ladder's
+#             check (stage12-variants --check: the last rung bit for bit against the stage, every
+#             rung against the reference), then ctest -L stage12 (the registered stage over the
+#             whole sweep, the CPU checks, the layout model)
+#   sanitize  compute-sanitizer memcheck, racecheck, synccheck, initcheck on the stage's paths and on
+#             every rung's small shapes, both dtypes (small problems: the tools are 10-100x slower)
 #   perf      stage12-variants (each piece switched on), stage 12's benchmark family, compare.py
 #             against SDPA (flash, cuDNN) in bf16 and fp16
 #   all       the four in order
@@ -19,6 +22,7 @@ mkdir -p "$res"
 BUILD=${BUILD:-build-hopper}
 status=0
 tests=$BUILD/bin/test_stages_gpu
+ladder=$BUILD/bin/stage12-variants
 
 build() {
   nvidia-smi --query-gpu=name,driver_version,compute_cap,clocks.sm,clocks.max.sm --format=csv > "$res/gpu.txt" 2>&1
@@ -39,43 +43,67 @@ run() {  # name, seconds, gtest filter
   else echo "$name: $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$res/$name.log" | tr '\n' ' ')"; [ $rc -eq 0 ] || status=1; fi
 }
 
+# One stage12-variants --check under a time limit, as run() does for gtest.
+check_ladder() {  # name, seconds, options
+  local name=$1 seconds=$2
+  shift 2
+  timeout "$seconds" $ladder --check "$@" > "$res/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 124 ]; then echo "$name: TIMED OUT after $seconds s (a hang?)"; status=1
+  else echo "$name: $(grep -E 'cases|agree|FAILED|passed' "$res/$name.log" | tr '\n' ' ')"; [ $rc -eq 0 ] || status=1; fi
+}
+
 smoke() {
   build
-  # Version A (variant 1) on one row and one key, then on one full tile, bf16 and fp16, d64.
-  run smoke_a_tiny 60 'Variants/Stage12Variant.*stage12_variant1_d64_b1h1kv1_q1_k1_*'
-  run smoke_a_tile 60 'Variants/Stage12Variant.*stage12_variant1_d64_b1h2kv2_q64_k128_*'
-  # Every variant on an odd shape (GQA, causal rows that see no key, a half-empty second consumer).
-  run smoke_variants 120 'Variants/Stage12Variant.*_d128_b2h8kv2_q129_k63_causal_bf16_*'
+  # The stage on one row and one key (both kernels: head_dim 64 not causal is the in-order kernel),
+  # then on one full tile, bf16 and fp16.
+  run smoke_tiny 60 'Paths/Stage12Hopper.*stage12_d*_b1h1kv1_q1_k1_*'
+  run smoke_tile 60 'Paths/Stage12Hopper.*stage12_d*_b1h2kv2_q64_k128_*'
+  # Every rung of the ladder on the small shapes (GQA, causal rows that see no key, a half-empty
+  # second consumer among them).
+  check_ladder smoke_ladder 300 --small --dtype bf16 --head-dim 128
 }
 
 tests_phase() {
-  run variants 300 'Variants/Stage12Variant.*:stage12_hopper.*'
+  run paths 300 'Paths/Stage12Hopper.*'
+  check_ladder ladder 600
   timeout 420 ctest --test-dir $BUILD -L stage12 --output-on-failure > "$res/ctest_stage12.log" 2>&1 || status=1
   grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)" "$res/ctest_stage12.log"
 }
 
 sanitize() {
-  # Every stage12::Variant but kRegistered (0), which is one of them (hopper.h); variant 12 also on a
-  # case that takes its 160-key kernel (head_dim 64, seq_kv >= 4096 causal); variants 13 to 15 on one
-  # whose causal pairs are followed by single tiles (160 heads, more than half the SMs); variant 15 also
-  # on one that takes version A's kernel (head_dim 64, not causal).
-  cases="$(for v in $(seq 1 15); do echo "$v:d128_b2h8kv2_q129_k63_causal"; done) 12:d64_b1h2kv1_q257_k4133_causal
-         13:d128_b4h40kv8_q300_k257_causal 14:d128_b4h40kv8_q300_k257_causal 15:d128_b4h40kv8_q300_k257_causal
-         15:d64_b4h40kv8_q300_k257"
-  for c in $cases; do
-    v=${c%%:*} shape=${c#*:}
+  # The stage on an odd shape of each kernel (GQA, causal rows that see no key, a half-empty second
+  # consumer), on one that takes the 160-key tiles (head_dim 64, seq_kv >= 4096 causal) and on one whose
+  # causal pairs are followed by single tiles (160 heads, more than half the SMs).
+  cases="d128_b2h8kv2_q129_k63_causal d64_b2h8kv2_q129_k63 d64_b1h2kv1_q257_k4133_causal
+         d128_b4h40kv8_q300_k257_causal d64_b4h40kv8_q300_k257"
+  for shape in $cases; do
     for dtype in bf16 fp16; do
       for tool in memcheck racecheck synccheck initcheck; do
         if timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $tests \
-             --gtest_filter="Variants/Stage12Variant.*stage12_variant${v}_${shape}_${dtype}_*" \
+             --gtest_filter="Paths/Stage12Hopper.*stage12_${shape}_${dtype}_*" \
              >> "$res/sanitizer.log" 2>&1; then
-          echo "sanitizer variant $v $shape $dtype $tool: clean"
+          echo "sanitizer stage 12 $shape $dtype $tool: clean"
         else
-          echo "sanitizer variant $v $shape $dtype $tool: FAILED (exit $?)"; status=1
+          echo "sanitizer stage 12 $shape $dtype $tool: FAILED (exit $?)"; status=1
         fi
       done
     done
   done | tee "$res/h100_sanitizer_stage12.txt"
+  # Every rung of the ladder but the last (which is the stage's own kernels) on the small shapes at
+  # head_dim 128 (stage 10's reference runs under the tool too).
+  for v in $(seq 1 14); do
+    for dtype in bf16 fp16; do
+      for tool in memcheck racecheck synccheck initcheck; do
+        if timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 $ladder --check --rung $v --small \
+             --dtype $dtype --head-dim 128 >> "$res/sanitizer.log" 2>&1; then
+          echo "sanitizer rung $v $dtype $tool: clean"
+        else
+          echo "sanitizer rung $v $dtype $tool: FAILED (exit $?)"; status=1
+        fi
+      done
+    done
+  done | tee -a "$res/h100_sanitizer_stage12.txt"
   # The registered stage through the runner, as gpu_check_half.sh does for stage 10.
   for tool in memcheck racecheck synccheck; do
     timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 $BUILD/bin/flash-stages --stage 12 --batch 1 \

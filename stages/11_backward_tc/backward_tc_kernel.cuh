@@ -74,6 +74,8 @@ using tensor_core::cp_async_commit;
 using tensor_core::cp_async_wait;
 using tensor_core::exp2_approx;
 using tensor_core::fence_proxy_async_shared;
+using tensor_core::kFullWarp;
+using tensor_core::kLog2e;
 using tensor_core::ldmatrix_x4;
 using tensor_core::ldmatrix_x4_trans;
 using tensor_core::mma_m16n8k16;
@@ -86,8 +88,6 @@ constexpr int kMmaN = 8;      // the N
 constexpr int kMmaK = 16;     // the K
 constexpr int kVecElems = 8;  // 16-byte vectors of 16-bit elements
 constexpr int kStages = 2;    // double buffers: one being computed on, one in flight
-constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2 e)
 
 // The base-2 lse a row's probabilities are recomputed from: P = 2^(s * scale log2 e - lse2). A row
 // that saw no key (lse = -inf) and a padding row past seq_q get +inf, so every P of theirs is
@@ -133,8 +133,8 @@ __device__ void load_rows_async(Element (*tile)[kWidth], const Element* src, int
 
 // acc[nb] (nb over kNBlocks blocks of 8 columns) += A * B^T for one warp, where A is the 16 rows of
 // a_tile from a_row (the mma's M) and B the kNBlocks * 8 rows of b_tile (the mma's N), both stored
-// [row][kDim] and swizzled: the k-loop runs over the kDim columns both share. S^T = K Q^T and
-// dP^T = V dO^T in dk_dv_kernel, S = Q K^T and dP = dO V^T in dq_kernel.
+// [row][kDim] and swizzled: the k-loop runs over the kDim columns both share. S = Q K^T and
+// dP = dO V^T in dq_kernel (dk_dv_kernel's warp tiles are warp_tile_abt's).
 template <int kNBlocks, int kDim, typename Element>
 __device__ void warp_gemm_abt(float (&acc)[kNBlocks][4], Element (*a_tile)[kDim], int a_row,
                               Element (*b_tile)[kDim], int lane) {
@@ -159,9 +159,9 @@ __device__ void warp_gemm_abt(float (&acc)[kNBlocks][4], Element (*a_tile)[kDim]
 // acc[db] += A * B for one warp, where A (16 x kK) is in registers as fp32 accumulators of a
 // previous mma (a_acc[kb], kb over kK / 8 blocks of 8 columns: the layout of warp_gemm_abt's acc),
 // rounded to Element on the way, and B (kK x kNBlocks * 8 columns from b_col) is stored [k][n] in
-// b_tile, read transposed by ldmatrix. dV += P^T dO and dK += dS^T Q in dk_dv_kernel, dQ += dS K in
-// dq_kernel. The accumulator's columns 2t, 2t + 1 of n-blocks 2 ks and 2 ks + 1 are exactly the A
-// operand's k = 2t, 2t + 1 and 2t + 8, 2t + 9 of k-step ks: no data moves between lanes.
+// b_tile, read transposed by ldmatrix. dQ += dS K in dq_kernel (dk_dv_kernel's products from shared
+// memory are warp_tile_ab's). The accumulator's columns 2t, 2t + 1 of n-blocks 2 ks and 2 ks + 1 are
+// exactly the A operand's k = 2t, 2t + 1 and 2t + 8, 2t + 9 of k-step ks: no data moves between lanes.
 template <int kK, int kNBlocks, int kWidth, typename Element>
 __device__ void warp_gemm_acc_b(float (&acc)[kNBlocks][4], const float (&a_acc)[kK / kMmaN][4],
                                 Element (*b_tile)[kWidth], int b_col, int lane) {
@@ -259,8 +259,11 @@ __device__ void warp_tile_ab(float (&acc)[kMTiles][kNBlocks][4], Element (*a_til
 // head bh takes Br x d floats from (bh * num_q_tiles + qt) * Br * d, warp w's part kWarpFloats of
 // them from there, and in it lane l's accumulator acc[m][nb][0..3] is float4 number
 // (m * kNBlocks + nb) * 32 + l. Each warp then adds one contiguous block: one bulk copy from shared
-// memory written without bank conflicts, or red.global.add instructions that each cover 256
-// contiguous bytes. Rows past seq_q in a head's last tile have room there, and get zeros (their P is 0).
+// memory written without bank conflicts, or red.global.add instructions. For one fragment (m, nb) the
+// warp's 32 float4 are 512 contiguous bytes; lane l adds its first pair, then its second, so one
+// red.global.add.v2.f32 (sm_90) covers 8 bytes of every 16, 256 bytes in all, and the pair of them
+// the whole 512 (below sm_90, four scalar red.global.add.f32 of 4 bytes per lane). Rows past seq_q
+// in a head's last tile have room there, and get zeros (their P is 0).
 // convert_dq_kernel, which reads the accumulator once anyway, puts the rows back in order.
 template <int kHeadDim, class Config>
 struct DqShare {

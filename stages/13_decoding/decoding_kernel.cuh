@@ -27,10 +27,14 @@ using tensor_core::cp_async_16;
 using tensor_core::cp_async_commit;
 using tensor_core::cp_async_wait;
 using tensor_core::exp2_approx;
+using tensor_core::kLn2;
+using tensor_core::kLog2e;
 using tensor_core::ldmatrix_x4;
 using tensor_core::ldmatrix_x4_trans;
+using tensor_core::max_over_row_lanes;
 using tensor_core::mma_m16n8k16;
 using tensor_core::pack2;
+using tensor_core::sum_over_row_lanes;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -40,9 +44,6 @@ constexpr int kMmaK = 16;     // the K of mma.m16n8k16
 constexpr int kMmaN = 8;      // the N of mma.m16n8k16
 static_assert(kBlockRows == 16, "one m16 tile of rows per block");
 constexpr int kVecElems = 8;  // 16-byte vectors of 16-bit elements
-constexpr unsigned kFullWarp = 0xffffffffu;
-constexpr float kLog2e = 1.4426950408889634f;  // log2(e): exp(x) = 2^(x log2 e)
-constexpr float kLn2 = 0.6931471805599453f;    // ln(2): turns a base-2 lse back into base e
 constexpr int kMinBlocksPerSm = 2;             // __launch_bounds__: registers for two blocks per SM
 constexpr int kMergeBatch = 8;  // partials merge_kernel loads at once: 8 float4 and 8 lse in registers
 
@@ -83,16 +84,6 @@ constexpr int shared_bytes() {
 // stored at chunk c ^ (r % 8), so that the 8 rows an ldmatrix reads lie in 8 different bank groups.
 __device__ inline int swizzled(int row, int col) {
   return (((col / kVecElems) ^ (row & 7)) * kVecElems) + col % kVecElems;
-}
-
-__device__ inline float max_over_row_lanes(float x) {
-  x = fmaxf(x, __shfl_xor_sync(kFullWarp, x, 1));
-  return fmaxf(x, __shfl_xor_sync(kFullWarp, x, 2));
-}
-
-__device__ inline float sum_over_row_lanes(float x) {
-  x += __shfl_xor_sync(kFullWarp, x, 1);
-  return x + __shfl_xor_sync(kFullWarp, x, 2);
 }
 
 }  // namespace kernel_detail

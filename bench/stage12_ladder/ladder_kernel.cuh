@@ -1,7 +1,10 @@
-// Stage 12's kernel, a template over its configuration (HopperConfig) so that hopper.cu can pick one
-// per head_dim and bench/stage12_variants.cu can measure each piece switched on and off.
+// Stage 12's kernel as a ladder of configurations (HopperConfig), each switching on one more piece,
+// for bench/stage12_variants.cu to measure each piece switched on and off. stages/12_hopper/ holds the
+// path the registered stage runs, written with these choices resolved; this copy keeps every switch
+// so that each rung measures what it measured (docs/experiments/stage12.md, "The ladder from one
+// consumer warpgroup to the registered kernel").
 //
-// What changes from stage 10 (the lesson takes them one at a time):
+// What the rungs change from stage 10, one at a time:
 // - The matrix products are wgmma.mma_async: one instruction per 64 x N x 16 product for a whole
 //   warpgroup (4 warps, 128 threads), its operands read by the tensor cores straight from shared
 //   memory through matrix descriptors (no ldmatrix), asynchronous: issued, committed, waited for.
@@ -66,7 +69,7 @@
 #include "hopper.cuh"
 #include "tensor_core.cuh"
 
-namespace stage12 {
+namespace stage12_ladder {
 
 // One kernel instance.
 //   kConsumers: consumer warpgroups, 64 query rows each (Br = 64 * kConsumers).
@@ -540,7 +543,7 @@ __device__ void consume_in_order(const Smem<Element, kHeadDim, Config>& sm, cons
 //     rescale (finish_output) come at the start of iteration j + 1, after its waits for the next K
 //     and V tiles, not right after the softmax: there, ptxas scheduled the wait (WARPGROUP.DEPBAR)
 //     ahead of the softmax's exponentials, which then waited for the product instead of overlapping
-//     it. The mbarrier waits are loops, and ptxas kept the wait below them (scripts/sass_overlap.sh
+//     it. The mbarrier waits are loops, and ptxas kept the wait below them (scripts/profile/sass_overlap.sh
 //     checks the machine code).
 //   kPingPong: the two consumer warpgroups issue their products in turns. Consumer c waits on named
 //     barrier kTurnBarrier + c before it issues, and arrives on the other's barrier after: while
@@ -655,7 +658,7 @@ __device__ void consume_overlapped(const Smem<Element, kHeadDim, Config>& sm, co
   // masked, which costs time but changes nothing. kLeftoverUnmasked: unless no tile needs the mask
   // (not causal, seq_kv a multiple of Bc), where it runs unmasked on its own. (Causal kernels leave
   // the instance out: their last tile nearly always needs the mask, and with the instance in they
-  // measured 0.96x to 1.01x, lesson 12, "The odd last tile unmasked".)
+  // measured 0.96x to 1.01x, docs/experiments/stage12.md.)
   int j = 1;
   for (; j + 1 < first_masked; j += 2) {
     step(j, p_even, p_odd, Unmasked{});
@@ -861,12 +864,12 @@ __device__ inline int remainder(int n, int quotient, const GridDivisor& g) {
 // one tile at a time (num_work_units). Block b takes work unit b when the grid
 // has a block per unit; with one block per SM (persistent), one in each pass over the grid, in
 // serpentine order (unit_of_pass). q_map, k_map, v_map, o_map: 3-D tensor maps (head_dim, sequence,
-// batch * heads) over q, k, v, o with boxes of (64, 64 or Bc, 1), 128-byte swizzle (hopper.cu makes
+// batch * heads) over q, k, v, o with boxes of (64, 64 or Bc, 1), 128-byte swizzle (ladder.cu makes
 // them; o_map is used by kTmaStore only). The K/V head of query head h is an index into k_map and
 // v_map (GQA).
 template <typename Element, int kHeadDim, bool kCausal, class Config>
 __global__ void __launch_bounds__(Config::kThreads, 1)
-    hopper_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+    ladder_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
                   const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap o_map, Element* o,
                   float* lse, int heads_q, int heads_kv, int seq_q, int seq_kv, float scale_log2, int num_q_tiles,
                   int num_heads_total, int tiles_per_unit, int tail_heads, kernel_detail::GridDivisor unit_divisor,
@@ -970,8 +973,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // threadIdx.x / 128 as lane 0 has it: the same number, but one that ptxas knows is the same in all
   // 32 lanes, and so is what follows from it (a consumer's rows, its first masked K/V tile, its K/V
   // loops' bounds and counter). The loops' barrier addresses and wgmma descriptors then stay in
-  // uniform registers instead of being computed per thread and copied over (R2UR) (lesson 12,
-  // "The warpgroup index, known uniform").
+  // uniform registers instead of being computed per thread and copied over (R2UR) (docs/experiments/stage12.md).
   const int warpgroup = __shfl_sync(kFullWarp, threadIdx.x / kWarpgroupThreads, 0);
   if (warpgroup == Config::kConsumers) {
     // The producer. With kRegisterSplit it is a whole warpgroup, all of which must execute
@@ -1083,11 +1085,11 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if (Config::kBackToBack && warpgroup == 0) wait_for_turn(0);
   }
 #else
-  // Compiled for another target: never launched (stage12::check_gpu refuses first).
+  // Compiled for another target: never launched (stage12_ladder::forward_variant refuses first).
   (void)q_map, (void)k_map, (void)v_map, (void)o_map, (void)o, (void)lse, (void)heads_q, (void)heads_kv;
   (void)seq_q, (void)seq_kv, (void)scale_log2, (void)num_q_tiles, (void)num_heads_total, (void)tiles_per_unit;
   (void)tail_heads, (void)unit_divisor, (void)heads_q_divisor, (void)group_divisor, (void)tail_divisor;
 #endif
 }
 
-}  // namespace stage12
+}  // namespace stage12_ladder
