@@ -7,6 +7,7 @@ has not been built (and says so, with the fix, when it is first needed).
 
 import ctypes
 import dataclasses
+import operator
 import os
 import sys
 import threading
@@ -18,6 +19,7 @@ __all__ = [
     "library_path",
     "stages",
     "get_stage",
+    "stage_number",
     "paged_workspace_bytes",
 ]
 
@@ -131,6 +133,7 @@ def library_path():
 _lock = threading.Lock()
 _lib = None
 _stages = None
+_by_number = {}  # get_stage's look-up, filled as stages are asked for
 
 
 def _declare(lib):
@@ -232,23 +235,33 @@ def stages():
     return _stages
 
 
-def get_stage(stage):
-    """The Stage with this course number; TypeError/ValueError naming `stage` otherwise."""
+def stage_number(stage):
+    """stage (an int, a Stage, a numpy integer) as an int; TypeError naming `stage` otherwise. Whether
+    it is a stage of the course is get_stage's to say."""
     if isinstance(stage, Stage):
-        stage = stage.number
+        return stage.number
     if isinstance(stage, bool):
         raise TypeError(f"stage must be an int (a stage number), got bool {stage}")
-    if not isinstance(stage, int):
-        try:
-            import operator
-            stage = operator.index(stage)  # numpy integers and the like
-        except TypeError:
-            raise TypeError(f"stage must be an int (a stage number), got {type(stage).__name__}") from None
+    if isinstance(stage, int):
+        return stage
+    try:
+        return operator.index(stage)  # numpy integers and the like
+    except TypeError:
+        raise TypeError(f"stage must be an int (a stage number), got {type(stage).__name__}") from None
+
+
+def get_stage(stage):
+    """The Stage with this course number; TypeError/ValueError naming `stage` otherwise."""
+    number = stage_number(stage)
+    found = _by_number.get(number)
+    if found is not None:
+        return found
     for s in stages():
-        if s.number == stage:
+        _by_number[s.number] = s
+        if s.number == number:
             return s
     numbers = ", ".join(str(s.number) for s in stages())
-    raise ValueError(f"stage = {stage} is not a stage of the course (stages: {numbers})")
+    raise ValueError(f"stage = {number} is not a stage of the course (stages: {numbers})")
 
 
 def check_status(code, message, what):

@@ -10,7 +10,7 @@
 #   cmake -S . -B build-gpu -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DFLASH_TESTS=ON && cmake --build build-gpu -j 16
 #   OUT=<folder> scripts/device/gpu_check_ablation.sh [build folder, default build-gpu]
 # Into $OUT (default gpu-logs), under the names bench/results/ gives them (copy them there, then
-# python3 scripts/docs/make_tables.py --update README.md docs/mainpage.md docs/theory/*.md stages/*/README.md):
+# python3 scripts/docs/make_tables.py --update, which takes every page that holds generated figures):
 #   h100_stage05_ablation.txt  h100_ncu_d64.csv  h100_ncu_d128.csv
 # and, not for bench/results/: gpu.txt, sanitizer_ablation.log, the profiler's summaries.
 # Exit status 0 when every step passed.

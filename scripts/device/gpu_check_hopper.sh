@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU machine's run for stage 12 (Hopper), in phases, so that each fits one device call and a
-# hang (a barrier protocol that deadlocks shows up as one) costs a timeout, not the session:
+# hang (a barrier protocol that deadlocks shows up as one) costs a timeout rather than the whole run:
 #   smoke     build, then the stage on the smallest shapes of both kernels, then every rung of the
 #             ladder (bench/stage12_ladder/) on the small shapes at head_dim 128 in bf16
 #   tests     the stage on the shapes that reach its paths (tests/test_hopper_gpu.cpp), the ladder's

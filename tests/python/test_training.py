@@ -212,7 +212,7 @@ def test_two_layer_causal_transformer_trains_in_bf16_like_sdpa():
     curves = {"flash_stages": train_bf16(flash_model, data), "sdpa_flash": train_bf16(reference, data),
               "sdpa_math": train_bf16(spread, data)}
     out_dir = os.environ.get("FLASH_TRAINING_OUT")
-    if out_dir:  # the curves for the lesson's plot (scripts/gpu_check.sh sets it)
+    if out_dir:  # the curves for the lesson's plot (scripts/device/gpu_check.sh sets it)
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "training_bf16.json"), "w") as f:
             json.dump(dict(stage=stage.number, steps=BF16_STEPS, window=BF16_WINDOW, losses=curves), f, indent=1)

@@ -119,8 +119,11 @@ def sanitizer_clean(stem, subject):
 
 def ctest_value(what, log="h100_ctest"):
     """A figure of a ctest log of bench/results (the full suite's, h100_ctest.log, unless log names another):
-    passed, total, skipped, or one test's status (Passed, Failed, Skipped, Timeout, ...) by its ctest name."""
+    passed, total, skipped, wall (ctest's "Total Test time (real)", whole seconds), or one test's status
+    (Passed, Failed, Skipped, Timeout, ...) by its ctest name."""
     text = (RESULTS / f"{log}.log").read_text()
+    if what == "wall":
+        return f"{float(re.search(r'Total Test time \(real\) = +([0-9.]+) sec', text)[1]):.0f}"
     results = dict(re.findall(r"Test\s+#\d+: (\S+) \.+\**\s*(Passed|Failed|Skipped|Not Run|Timeout)", text))
     if what == "total":
         return re.search(r"tests passed(?:, \d+ tests failed)? out of (\d+)", text)[1]
@@ -233,10 +236,11 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         or its share of the backward in percent
       runner/SS/COLUMN                  a cell of h100_runner.txt (time_ms, tflops, err_vs_prev, err_vs_ref)
       runner-max/AA-BB/COLUMN           the largest err_vs_ref (or other number column) of stages AA..BB
-      ptxas12/dD/cC/CONFIG/WHAT         the same of stage 12's kernel with HopperConfig CONFIG (e.g.
+      ptxas12/dD/cC/CONFIG/WHAT         the same of a stage 12 kernel: CONFIG in-order or pingpong-128 /
+                                        pingpong-160 (the stage's), or a ladder rung's HopperConfig (e.g.
                                         2-128-2-0-0-0-0-1-0-0-0: two consumers, 128 keys, 2 stages, none
                                         of the pieces after them, one Q buffer), the largest over bf16 and fp16
-      ptxas12-spilling                  how many of stage 12's kernels spill: "K of M"
+      ptxas12-spilling                  how many of the stage's own kernels spill: "K of M"
       ptxas/SS/KERNEL/dD/WHAT           registers, stack, spill-stores, spill-loads of a kernel (e.g.
                                         online_softmax_attention_kernel, dk_dv_kernel) in ptxas_sm90.txt;
                                         of a kernel compiled for several tile sizes, the largest (the H100's)
@@ -289,7 +293,7 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         beside gmma-inst); launches
       sanitizer/STEM/SUBJECT            "N of M": the lines of bench/results/STEM.txt naming SUBJECT that report
                                         a clean run, e.g. sanitizer/h100_sanitizer_stage11_12/stage12
-      ctest/passed|total|skipped|TEST   the full suite's log, h100_ctest.log (TEST: a ctest name, its status)
+      ctest/passed|total|skipped|wall|TEST   the default suite's log, h100_ctest.log (TEST: a ctest name, its status)
       ctest-log/STEM/passed|total|...   the same of another ctest log, bench/results/STEM.log
       decode/PAGE/B/N/gbs|pct|us        stage 13's decode family in h100_bench_decode.json (PAGE 0: the
                                         contiguous cache, else the page size; pct: % of the HBM datasheet)
