@@ -123,7 +123,8 @@ def ctest_value(what, log="h100_ctest"):
     (Passed, Failed, Skipped, Timeout, ...) by its ctest name."""
     text = (RESULTS / f"{log}.log").read_text()
     if what == "wall":
-        return f"{float(re.search(r'Total Test time \(real\) = +([0-9.]+) sec', text)[1]):.0f}"
+        seconds = float(re.search(r"Total Test time \(real\) = +([0-9.]+) sec", text)[1])
+        return f"{seconds:.0f}"
     results = dict(re.findall(r"Test\s+#\d+: (\S+) \.+\**\s*(Passed|Failed|Skipped|Not Run|Timeout)", text))
     if what == "total":
         return re.search(r"tests passed(?:, \d+ tests failed)? out of (\d+)", text)[1]
