@@ -27,6 +27,8 @@ same on every machine.
                           bank group) and in the XOR-swizzled tile (8 rows in 8 bank groups)
   stage11_warp_tiles.svg  stage 11: which warp owns which part of S and dP, of dK and dV, and of dQ's
                           share, and how the share reaches the fp32 accumulator in one copy per warp
+  stage12_pingpong_timeline.svg  stage 12's ping-pong kernel: the producer's copies, the K and V
+                          buffers of the ring, the two consumers' turns on the tensor cores
   stage13_split_merge.svg stage 13: one sequence's keys split over blocks, the warps' 16-key slices of
                           a step, the partials (o, lse) and their merge by lse
 """
@@ -646,6 +648,87 @@ def stage13_split_merge(seq_len=1000, splits=4):
     return svg
 
 
+def stage12_pingpong_timeline(tiles=4):
+    """Stage 12's ping-pong kernel in its steady state: the producer's copies, the K and V buffers of the
+    ring, the two consumers' turns on the tensor cores. Widths are schematic (a turn is one unit), not
+    measured; the order of events is the kernel's (pingpong_kernel.cuh, mainloop.cuh's produce)."""
+    folder = STAGES[12]
+    c = {**constants(folder / "mainloop.cuh"), **constants(folder / "pingpong_kernel.cuh")}
+    stages, producer_regs, consumer_regs = c["kStages"], c["kProducerRegisters"], c["kConsumerRegisters"]
+    turn_barrier, group = c["kTurnBarrier"], c["kWarpgroupThreads"]
+    svg = Svg(1000, 540, "Stage 12 ping-pong timeline")
+    svg.text(30, 26, "Stage 12's ping-pong kernel, one block on one SM: who does what, K/V tile after tile",
+             14, weight="bold")
+    svg.text(30, 44, f"one producer warpgroup ({group} threads, setmaxnreg {producer_regs}; one thread issues every "
+                     f"copy), two consumer warpgroups ({group} threads, setmaxnreg {consumer_regs}, {c['kWgmmaM']} query rows "
+                     "each)", 10)
+    svg.text(30, 58, "a turn is one consumer's S_j = Q K_j^T and P_j-1 V_j-1 on the tensor cores; widths are "
+                     "schematic, not measured", 10)
+    x0, unit = 250, 180  # a turn: one consumer's S_j = Q K_j^T and P_j-1 V_j-1 on the tensor cores
+    lanes = ["producer (TMA)", "tensor cores", "consumer 0", "consumer 1"] + \
+            [f"{kind} buffer {s}" for kind in ("K", "V") for s in range(stages)]
+    top, height = 76, 34
+    y = {name: top + i * (height + 12) for i, name in enumerate(lanes)}
+    end = x0 + 2 * tiles * unit / 2
+    for name in lanes:
+        svg.text(x0 - 12, y[name] + 21, name, 11, "end", weight="bold")
+        svg.line(x0, y[name] + height, end, y[name] + height, "#ccc", 0.6)
+    def tx(t):  # time in half turns from here on: a turn is 2
+        return x0 + t * unit / 2
+    consumer_colour = [PALETTE[0], PALETTE[1]]
+    first = 2  # the first tile drawn: j = 2 .. tiles + 1
+    for j in range(first, first + tiles):
+        for k in range(2):  # consumer k's turn for tile j starts at 2 (j - first) + k (in turns)
+            t = 2 * (2 * (j - first) + k)
+            if tx(t + 2) > end:
+                continue
+            svg.rect(tx(t) + 1, y["tensor cores"] + 2, unit - 2, height - 4, consumer_colour[k], opacity=0.85)
+            svg.text(tx(t) + unit / 2, y["tensor cores"] + 21, f"C{k}: S{j} then P{j - 1}·V{j - 1}", 10, "middle",
+                     "#fff", "bold")
+            row = f"consumer {k}"
+            svg.rect(tx(t) + 1, y[row] + 4, unit * 0.14, height - 8, consumer_colour[k])
+            svg.text(tx(t) + unit * 0.07 + 1, y[row] + 21, "issue", 8, "middle", "#fff")
+            svg.rect(tx(t) + unit * 0.14 + 1, y[row] + 4, unit * 0.36, height - 8, "#eeeeee")
+            svg.text(tx(t) + unit * 0.32, y[row] + 21, "wait for S", 8, "middle", "#555")
+            if tx(t + 3) <= end:
+                svg.rect(tx(t + 1) + 1, y[row] + 4, unit - 2, height - 8, consumer_colour[k], opacity=0.45)
+                svg.text(tx(t + 2), y[row] + 21, f"softmax S{j} -> P{j}, rescale O", 10, "middle", weight="bold")
+            # pass_turn right after the issue: the other consumer's wait_for_turn returns at its turn.
+            other = f"consumer {1 - k}"
+            if tx(t + 2) < end:
+                y1, y2 = (y[row] + height - 4, y[other] + 4) if k == 0 else (y[row] + 4, y[other] + height - 4)
+                svg.line(tx(t) + unit * 0.14, y1, tx(t + 2) + 2, y2, "#333", 1, dash="3,2", arrow=True)
+    # The producer: once V_j-2's buffer is released (by the later consumer's P V wait), V_j, then K_j+1.
+    for j in range(first, first + tiles):
+        t = 2 * (2 * (j - first)) + 1
+        if tx(t) + unit * 0.45 > end:
+            continue
+        svg.rect(tx(t), y["producer (TMA)"] + 4, unit * 0.45, height - 8, PALETTE[2], opacity=0.85)
+        svg.text(tx(t) + unit * 0.225, y["producer (TMA)"] + 21, f"V{j}, K{j + 1}", 10, "middle", "#fff", "bold")
+    # The ring: when a tile's copy is issued and when its empty barrier completes (both consumers done).
+    def occupy(kind, j, start, stop, label):
+        lane = f"{kind} buffer {j % stages}"
+        a, b = max(tx(start), x0), min(tx(stop), end)
+        if b <= a:
+            return
+        svg.rect(a + 1, y[lane] + 4, b - a - 2, height - 8, PALETTE[4 if kind == "K" else 6], opacity=0.6)
+        svg.text((a + b) / 2, y[lane] + 21, label if b - a > 240 else f"{kind}{j}", 9, "middle")
+    for j in range(first - 2, first + tiles + 1):
+        base = 4 * (j - first)
+        occupy("K", j, base - 3, base + 3, f"K{j}: full, read by S{j} of C0, C1; empty")
+        occupy("V", j, base + 1, base + 9, f"V{j}: full, read by P{j}·V{j} of C0, C1; empty")
+    yl = y[lanes[-1]] + height + 26
+    svg.text(30, yl, f"Each buffer has a full barrier (1 arrival, the producer's arrive.expect_tx, plus the copy "
+                     f"engine's bytes) and an empty one ({4 * 2} arrivals: one per consumer warp).", 10)
+    svg.text(30, yl + 15, "A consumer releases K_j once its S_j is done (wgmma.wait_group 1) and V_j-1 at its next "
+                          "iteration's start (wait_group 0): V buffers are held twice as long as K buffers.", 10)
+    svg.text(30, yl + 30, "While one consumer's products run, the other runs its softmax; the producer stays "
+                          f"{stages} tiles ahead, gated by the release of V.", 10)
+    svg.text(30, yl + 45, f"Dashed arrows: pass_turn, a bar.arrive on the other consumer's turn barrier "
+                          f"({turn_barrier} or {turn_barrier + 1}), which its wait_for_turn (bar.sync) takes.", 10)
+    return svg
+
+
 DIAGRAMS = {
     "stage04_threads.svg": stage04_threads,
     "stage05_lanes.svg": stage05_lanes,
@@ -657,6 +740,7 @@ DIAGRAMS = {
     "swizzle.svg": swizzle,
     "stage11_warp_tiles.svg": stage11_warp_tiles,
     "stage13_split_merge.svg": stage13_split_merge,
+    "stage12_pingpong_timeline.svg": stage12_pingpong_timeline,
 }
 
 
