@@ -28,11 +28,13 @@ _ORDINALS = (
 )
 PATTERNS = [
     re.compile(r"(?<!test )\b" + _WORK + r"\b", re.IGNORECASE),  # pytest's "test s..." banner is the tool's own
-    re.compile(r"\bcal" + r"ls?\s+\d+", re.IGNORECASE),
+    # Not a command-line option ("--calls 2000").
+    re.compile(r"(?<!-)\bcal" + r"ls?\s+\d+", re.IGNORECASE),
     re.compile(r"\b(?:" + _ORDINALS + r")\s+(?:" + "ses" + "sion|cal" + "l|ru" + r"n)\b", re.IGNORECASE),
     re.compile(r"\bthe\s+ru" + r"n\s+before\b", re.IGNORECASE),
-    # Not "a warpgroup issues 32 loads": a number followed by a word other than a joining one is a count.
-    re.compile(r"\biss" + r"ues?\s+#?\d+\b(?!\s+(?!(?:and|or|to|erratum)\b)[a-z])", re.IGNORECASE),
+    # Not "a warpgroup issues 32 loads" nor "issue 40.5%": a number followed by a word other than a
+    # joining one, or with a fraction or a percent sign, is a count or a rate.
+    re.compile(r"\biss" + r"ues?\s+#?\d+\b(?![.%]\d|%)(?!\s+(?!(?:and|or|to|erratum)\b)[a-z])", re.IGNORECASE),
     re.compile(r"\(iss" + r"ues?\b", re.IGNORECASE),
     re.compile(r"\bbran" + r"ch(?:es)?\s+[`'\"]?[a-z0-9][a-z0-9._/-]*-[a-z0-9-]+", re.IGNORECASE),
 ]
