@@ -51,6 +51,33 @@ decltype(stage07::backward) backward;
 decltype(stage07::backward_workspace_size) backward_workspace_size;
 decltype(stage07::backward_tiles) backward_tiles;
 }  // namespace exercise07
+namespace exercise08 {
+decltype(stage08::forward) forward;
+decltype(stage08::forward_workspace_size) forward_workspace_size;
+}  // namespace exercise08
+namespace exercise09 {
+decltype(stage09::forward) forward;
+decltype(stage09::forward_workspace_size) forward_workspace_size;
+}  // namespace exercise09
+namespace exercise10 {
+decltype(stage10::forward) forward;
+decltype(stage10::forward_workspace_size) forward_workspace_size;
+}  // namespace exercise10
+namespace exercise11 {  // the backward only: exercise 11's forward is stage 10's, as stage 11's is
+decltype(stage11::backward) backward;
+decltype(stage11::backward_workspace_size) backward_workspace_size;
+}  // namespace exercise11
+namespace exercise12 {
+decltype(stage12::forward) forward;
+decltype(stage12::forward_workspace_size) forward_workspace_size;
+decltype(stage12::check_gpu) check_gpu;
+}  // namespace exercise12
+namespace exercise13 {
+decltype(stage13::forward) forward;
+decltype(stage13::forward_workspace_size) forward_workspace_size;
+decltype(stage13::forward_paged) forward_paged;
+decltype(stage13::forward_paged_workspace_size) forward_paged_workspace_size;
+}  // namespace exercise13
 
 namespace registry {
 namespace {
@@ -213,6 +240,23 @@ const std::vector<Stage>& exercises() {
     list.back().backward = fp32_backward<exercise07::backward>;
     list.back().backward_workspace_size = exercise07::backward_workspace_size;
     list.back().backward_tiles = exercise07::backward_tiles;
+    list.push_back(exercise(8, exercise08::forward, exercise08::forward_workspace_size,
+                            "exercises/08_tensor_cores/tensor_cores.cu"));
+    list.push_back(exercise(9, exercise09::forward, exercise09::forward_workspace_size,
+                            "exercises/09_swizzle_pipeline/swizzle_pipeline.cu"));
+    list.push_back(exercise(10, exercise10::forward, exercise10::forward_workspace_size,
+                            "exercises/10_flash2/flash2_kernel.cuh"));
+    list.push_back(exercise(11, stage10::forward, stage10::forward_workspace_size,
+                            "exercises/11_backward_tc/backward_tc_kernel.cuh"));
+    list.back().backward = exercise11::backward;
+    list.back().backward_workspace_size = exercise11::backward_workspace_size;
+    list.push_back(exercise(12, exercise12::forward, exercise12::forward_workspace_size,
+                            "exercises/12_hopper/mainloop.cuh"));
+    list.back().check_gpu = exercise12::check_gpu;
+    list.push_back(exercise(13, exercise13::forward, exercise13::forward_workspace_size,
+                            "exercises/13_decoding/decoding_kernel.cuh"));
+    list.back().forward_paged = exercise13::forward_paged;
+    list.back().forward_paged_workspace_size = exercise13::forward_paged_workspace_size;
     return list;
   }();
   return all;

@@ -1,11 +1,12 @@
 # Read by ctest at the start of every run in the build tree: CTestCustom.cmake (tests/CMakeLists.txt)
-# sets FLASH_EXERCISE_GPU_TESTS and FLASH_FULL_TESTS and includes this file. Two groups of tests run
+# sets FLASH_EXERCISE_TESTS and FLASH_FULL_TESTS and includes this file. Two groups of tests run
 # only when the ctest command line asks for them by name:
 #
-# The exercises' GPU tests fail until the learner has filled in the TODO(exercise) lines, so a run
-# takes them only when a -L/--label-regex or -R/--tests-regex value contains "exercise" (ctest -L
-# exercise05, ctest -L exercise, ctest -R exercise). Every other run (plain ctest, ctest -L gpu)
-# leaves them out, so the course's own tests stay green.
+# The exercises' GPU tests, and the CPU tests of their ideas (cpu_exerciseNN_idea), fail until the
+# learner has filled in the TODO(exercise) lines, so a run takes them only when a -L/--label-regex or
+# -R/--tests-regex value contains "exercise" (ctest -L exercise05, ctest -L exercise, ctest -R
+# exercise). Every other run (plain ctest, ctest -L gpu, ctest -L cpu) leaves them out, so the
+# course's own tests stay green.
 #
 # The full tier (every test labelled "full": each stage's exhaustive sweep, gpu_stageNN_*_full, and
 # the longer checks beside them) takes many times the default tier's GPU time, so a run takes it
@@ -45,7 +46,7 @@ if(EXISTS /proc/self/cmdline)
   endforeach()
 endif()
 if(NOT _flash_want_exercises)
-  list(APPEND CTEST_CUSTOM_TESTS_IGNORE ${FLASH_EXERCISE_GPU_TESTS})
+  list(APPEND CTEST_CUSTOM_TESTS_IGNORE ${FLASH_EXERCISE_TESTS})
 endif()
 if(NOT _flash_want_full)
   list(APPEND CTEST_CUSTOM_TESTS_IGNORE ${FLASH_FULL_TESTS})

@@ -170,9 +170,13 @@ std::vector<Case> default_sweep() {
 
 std::vector<Case> sweep() { return stage_params::full_sweep() ? full_sweep() : default_sweep(); }
 
-void require_gpu() {
+// Skips, with the reason, where there is no GPU. An exercise's skip says that nothing judged the
+// learner's lines: "exercise 05: not checked: no GPU (...)", the reason skip_summary prints.
+void require_gpu(const registry::Stage* s = nullptr) {
   std::string why;
-  if (!harness::gpu_available(&why)) GTEST_SKIP() << why;
+  if (harness::gpu_available(&why)) return;
+  if (s != nullptr && s->is_exercise()) GTEST_SKIP() << exercise_prefix(*s) << "not checked: no GPU (" << why << ")";
+  GTEST_SKIP() << why;
 }
 
 // Skips, with the reason, a stage this GPU is too old for (the tensor-core stages need 8.0), or one
@@ -200,7 +204,7 @@ class ExerciseTrace {
 class StageSweep : public ::testing::TestWithParam<Case>, protected ExerciseTrace {
  protected:
   void SetUp() override {
-    require_gpu();
+    require_gpu(&stage_of(GetParam()));
     if (IsSkipped()) return;
     require_compute_capability(stage_of(GetParam()));
     trace(stage_of(GetParam()));
@@ -805,7 +809,7 @@ INSTANTIATE_TEST_SUITE_P(Stages, StageBelowSmallestTiles,
 class StageBackward : public ::testing::TestWithParam<registry::Stage>, protected ExerciseTrace {
  protected:
   void SetUp() override {
-    require_gpu();
+    require_gpu(&GetParam());
     if (IsSkipped()) return;
     require_compute_capability(GetParam());
     trace(GetParam());
@@ -944,9 +948,9 @@ TEST_P(StageBackward, LongSequenceRunsInLinearMemory) {
 // ---------------------------------------------------------------------------------------------
 
 // After the run, one line per exercise that had tests in it: how many failed and where to look, or
-// that all passed, or that none ran (no GPU). These are the last lines of
-// `ctest -L exercise05 --output-on-failure`; ctest's entry for an exercise stops at its first
-// failure (--gtest_fail_fast) and takes "exercise NN: not run" as its skip (tests/CMakeLists.txt).
+// that all passed, or that none ran (no GPU, or a GPU too old for the stage). These are the last
+// lines of `ctest -L exercise05 --output-on-failure`; ctest's entry for an exercise stops at its first
+// failure (--gtest_fail_fast) and takes "exercise NN: not checked" as its skip (tests/CMakeLists.txt).
 class ExerciseSummary : public ::testing::EmptyTestEventListener {
   void OnTestProgramEnd(const ::testing::UnitTest& unit) override {
     struct Count {
@@ -975,7 +979,7 @@ class ExerciseSummary : public ::testing::EmptyTestEventListener {
                     who.c_str(), c.failed, c.skipped > 0 ? " (the run stops at the first failure)" : "",
                     e->exercise_file, e->folder);
       else if (c.passed == 0)
-        std::printf("%snot run (%d test(s) skipped; the reason is above)\n", who.c_str(), c.skipped);
+        std::printf("%snot checked: %d test(s) skipped, none ran (the reason is above)\n", who.c_str(), c.skipped);
       else
         std::printf("%sall %d test(s) pass: your %s does what stage %02d does\n", who.c_str(), c.passed,
                     e->exercise_file, number);

@@ -5,18 +5,28 @@ that carry the stage's idea cut out, and nothing else changed.
     exercises.py [check]     the CI check (ctest: cpu_exercises_match_stages)
     exercises.py refresh     after a stage changed: carry its changes into its exercise
     exercises.py solution N  print exercise N's solution: the stage's lines for each TODO block
+    exercises.py solve N --as-readme-says
+                             do what exercises/README.md tells the learner, in place: replace each
+                             block, its TODO(exercise) and END TODO(exercise) lines included, with the
+                             stage's lines (CI runs the exercise's tests on the result, then restores it)
+    exercises.py extract N SOURCE OUT
+                             write the lines of exercise N's idea, as SOURCE holds them (the exercise
+                             file, solved or not, or the stage's), to OUT for its CPU test
 
 Each exercises/NN_name/FILE has a stage twin stages/NN_name/FILE. In the exercise, every cut is a
 block of lines from a `// TODO(exercise): ...` line to a `// END TODO(exercise)` line: the hint, and
 where needed a placeholder that keeps the file compiling (and running, to a wrong result). A block
 names its lesson section: `Lesson: stages/NN_name/README.md, "Section title"`.
 
-`check` compares each exercise with its stage line by line and fails unless
-  - every line that differs lies inside a TODO block, and every block differs from the stage:
-    so putting the stage's lines back in place of each block (the solution, as `solution N` prints
-    it) gives the stage byte for byte, and the exercise's tests pass exactly when the stage's do;
-  - each block points at a lesson section that exists (a heading of that README);
-  - stages 01-07 each have an exercise folder with at least one block.
+`check` compares each exercise file with its stage line by line. A file is
+  - unsolved when every line that differs lies inside a TODO block and every block differs from the
+    stage: so putting the stage's lines back in place of each block (the solution, as `solution N`
+    prints it) gives the stage byte for byte, and the exercise's tests pass exactly when the stage's
+    do. Each block must point at a lesson section that exists (a heading of that README);
+  - solved when it is its stage byte for byte (the blocks replaced by the stage's lines, markers
+    gone, as exercises/README.md says); a file that holds no idea of the stage is always this;
+  - drift otherwise, a problem: the stage changed (`refresh`), or a solution differs from the stage.
+And every stage, 01-13, has an exercise folder with at least one file that has or had a block.
 It writes nothing. Exit 0 when all is well, 1 with one line per problem.
 
 `refresh` rewrites each exercise from its stage, keeping the exercise's TODO blocks: the stage's
@@ -33,8 +43,23 @@ TODO = re.compile(r"^\s*// TODO\(exercise\):")
 END = re.compile(r"^\s*// END TODO\(exercise\)\s*$")
 LESSON = re.compile(r'Lesson: (stages/[\w.-]+/README\.md), ("[^"]+"(?:(?:,| and) "[^"]+")*)')
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$")
-# The stages that have an exercise: the fp32 course, 01-07.
-EXERCISE_STAGES = range(1, 8)
+# The stages that have an exercise: all of them.
+EXERCISE_STAGES = range(1, 14)
+
+# The lines of each idea that has a CPU test (tests/test_exercise_ideas.cpp): in the named file, the
+# lines strictly between the first line that contains `start` (after the first that contains `after`,
+# where given) and the next line that contains `end`. The bounds lie outside the TODO blocks, so the
+# same lines are found in the exercise as shipped, as the learner solved it, and in the stage.
+IDEAS = {
+    8: {"file": "tensor_cores.cu", "start": "const int lane = threadIdx.x % 32;",
+        "end": "const int warp_row = warp * kWarpRows;"},
+    9: {"file": "swizzle_pipeline.cu", "start": "__device__ int swizzled(int row, int col) {", "end": "}",
+        "end_exact": True},
+    12: {"file": "mainloop.cuh", "after": "mn_major_descriptor<L::kKVPanelBytes>(v_panel0, ks)", "start": "}",
+         "end": "// The producer: one thread issues every copy"},
+    13: {"file": "decoding_kernel.cuh", "after": "merge_kernel(", "start": "tensor_core::grid_dependency_wait();",
+         "end": "const float inv = flash::softmax_normalizer(stats);"},
+}
 
 
 def blocks_of(lines, where, problems):
@@ -140,25 +165,38 @@ def check():
         if not stage.exists():
             problems.append(f"{rel(ex)}: no stage file {rel(stage)} to be the exercise of")
             continue
+        number = int(ex.parent.name[:2])
+        by_stage.setdefault(number, 0)
+        if ex.read_bytes() == stage.read_bytes():
+            has_idea = number in IDEAS and IDEAS[number]["file"] == ex.name or registry_file(ex)
+            by_stage[number] += 1 if has_idea else 0
+            summary.append(f"  {rel(ex)}: " + ("solved: it is " if has_idea else "a copy of ") + rel(stage))
+            continue
         ex_lines, st_lines, blocks, ops, found = compare(ex, stage)
         problems += found
         if not found and solved(ex_lines, st_lines, ops) != st_lines:
             problems.append(f"{rel(ex)}: with the stage's lines put back it is not {rel(stage)}")  # cannot happen
-        number = int(ex.parent.name[:2])
-        by_stage[number] = by_stage.get(number, 0) + len(blocks)
+        by_stage[number] += len(blocks)
         cut = sum(j2 - j1 for tag, _, _, j1, j2 in ops if tag != "equal")
-        summary.append(f"  {rel(ex)}: {len(blocks)} TODO block(s), {cut} line(s) of {rel(stage)} cut")
+        summary.append(f"  {rel(ex)}: unsolved: {len(blocks)} TODO block(s), {cut} line(s) of {rel(stage)} cut")
     for n in EXERCISE_STAGES:
         if not by_stage.get(n):
-            problems.append(f"exercises/{n:02d}_*: stage {n:02d} has no exercise with a TODO(exercise) block")
+            problems.append(f"exercises/{n:02d}_*: stage {n:02d} has no exercise file with, or solved from, "
+                            f"a TODO(exercise) block")
     if problems:
         print("\n".join(problems))
-        print(f"exercises.py check: {len(problems)} problem(s)")
+        print(f"exercises.py check: {len(problems)} problem(s). A solution of your own that differs from the "
+              f"stage is reported here too; the exercise's tests (ctest -L exerciseNN) judge it")
         return 1
     print("\n".join(summary))
-    print(f"exercises.py check: {len(summary)} exercise files are their stages with only the TODO(exercise) "
-          f"blocks changed; the stages' lines put back give the stages byte for byte")
+    print(f"exercises.py check: {len(summary)} exercise files are their stages, solved, or their stages with only "
+          f"the TODO(exercise) blocks changed; the stages' lines put back give the stages byte for byte")
     return 0
+
+
+def registry_file(ex):
+    """Whether harness/registry.cpp names this file as an exercise's file (the one with the blocks)."""
+    return f'"{rel(ex)}"' in (ROOT / "harness" / "registry.cpp").read_text()
 
 
 def refresh():
@@ -199,6 +237,71 @@ def solution(number):
     return 0
 
 
+def solve(number):
+    """What exercises/README.md tells the learner to do, done with the stage's lines: each block,
+    from its TODO(exercise) line to its END TODO(exercise) line, replaced by the lines of the stage
+    that stand where the block stands."""
+    done = 0
+    for ex, stage in pairs():
+        if int(ex.parent.name[:2]) != number or not stage.exists():
+            continue
+        ex_lines, st_lines, blocks, ops, problems = compare(ex, stage)
+        if problems:
+            print("\n".join(problems))
+            return 1
+        # Where each exercise line outside the blocks is in the stage (those lines are all equal ones).
+        at = {}
+        for tag, i1, i2, j1, _ in ops:
+            if tag == "equal":
+                for i in range(i1, i2):
+                    at[i] = j1 + i - i1
+        out, i = [], 0
+        for first, last in blocks:
+            out += ex_lines[i:first]
+            begin = at[first - 1] + 1 if first > 0 else 0
+            end = at[last + 1] if last + 1 < len(ex_lines) else len(st_lines)
+            out += st_lines[begin:end]
+            i = last + 1
+        out += ex_lines[i:]
+        if blocks:
+            ex.write_text("".join(out))
+            done += len(blocks)
+            print(f"{rel(ex)}: {len(blocks)} block(s) replaced by the stage's lines, markers removed")
+    if not done:
+        print(f"exercise {number:02d}: no TODO(exercise) block to solve")
+        return 1
+    return 0
+
+
+def extract(number, source, out):
+    """The idea's lines of exercise `number` from `source` (see IDEAS), written to `out`."""
+    idea = IDEAS.get(number)
+    if idea is None:
+        print(f"exercise {number:02d} has no CPU test of its idea")
+        return 2
+    lines = pathlib.Path(source).read_text().splitlines(keepends=True)
+    i = 0
+    if "after" in idea:
+        while i < len(lines) and idea["after"] not in lines[i]:
+            i += 1
+    while i < len(lines) and idea["start"] not in lines[i]:
+        i += 1
+    first = i if idea.get("keep_start") else i + 1
+    j = i + 1
+    ends = (lambda l: l.rstrip() == idea["end"]) if idea.get("end_exact") else (lambda l: idea["end"] in l)
+    while j < len(lines) and not ends(lines[j]):
+        j += 1
+    if j >= len(lines):
+        print(f"{source}: the lines of exercise {number:02d}'s idea were not found "
+              f"(between '{idea['start']}' and '{idea['end']}')")
+        return 1
+    text = f"// Lines {first + 1}-{j} of {source}, for tests/test_exercise_ideas.cpp.\n" + "".join(lines[first:j])
+    path = pathlib.Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return 0
+
+
 def main(argv):
     command = argv[1] if len(argv) > 1 else "check"
     if command == "check":
@@ -207,6 +310,10 @@ def main(argv):
         return refresh()
     if command == "solution" and len(argv) == 3 and argv[2].isdigit():
         return solution(int(argv[2]))
+    if command == "solve" and len(argv) == 4 and argv[2].isdigit() and argv[3] == "--as-readme-says":
+        return solve(int(argv[2]))
+    if command == "extract" and len(argv) == 5 and argv[2].isdigit():
+        return extract(int(argv[2]), argv[3], argv[4])
     print(__doc__)
     return 2
 

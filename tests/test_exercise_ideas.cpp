@@ -1,0 +1,222 @@
+// The ideas of exercises 08, 09, 12 and 13 checked on the CPU, from the learner's own lines, so that
+// a machine without a GPU still judges them (exercises/README.md). The build copies the lines out of
+// the exercise's file (scripts/checks/exercises.py extract; tests/CMakeLists.txt) into
+// exerciseNN_idea.inc, and each is included below into a host function that provides the names those
+// lines use. The bounds of the copy lie outside the TODO(exercise) blocks, so the same lines are found
+// in the exercise as shipped, as the learner wrote it, and in the stage (FLASH_EXERCISES_SOLVED).
+// Each test states the rule the lines must follow, not the stage's lines: any correct answer passes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "flash_stage.cuh"  // flash::SoftmaxStats and merge_softmax_stats (host and device), float4
+
+namespace {
+
+std::string see(const char* file) { return std::string(" - see TODO(exercise) in ") + file; }
+
+// ---------------------------------------------------------------------------------------------
+// 08: which lane holds which element of an mma.m16n8k16 accumulator
+// ---------------------------------------------------------------------------------------------
+
+struct Owner {
+  int group;            // the lane's rows: group and group + 8
+  int thread_in_group;  // the lane's columns: 2 * thread_in_group and + 1
+};
+
+Owner exercise08_owner(int lane) {
+#include "exercise08_idea.inc"
+  return {group, thread_in_group};
+}
+
+// PTX ISA, "Matrix Fragments for mma.m16n8k16" (accumulators C/D, .f32): lane l holds c0, c1 at row
+// l / 4, columns 2 (l % 4) and 2 (l % 4) + 1, and c2, c3 at the same columns of row l / 4 + 8.
+TEST(exercise08, AccumulatorRowsAndColumnsOfEachLane) {
+  const char* file = "exercises/08_tensor_cores/tensor_cores.cu";
+  std::set<std::pair<int, int>> held;  // (row, column) of c0 and c1 over the warp
+  for (int lane = 0; lane < 32; ++lane) {
+    const Owner got = exercise08_owner(lane);
+    EXPECT_EQ(got.group, lane / 4) << "exercise 08: lane " << lane << ": group = " << got.group
+                                   << ", but its c[0] is row " << lane / 4 << see(file);
+    EXPECT_EQ(got.thread_in_group, lane % 4)
+        << "exercise 08: lane " << lane << ": thread_in_group = " << got.thread_in_group << ", but its c[0] is column "
+        << 2 * (lane % 4) << " (2 * thread_in_group)" << see(file);
+    held.insert({got.group, 2 * got.thread_in_group});
+    if (HasFailure()) return;  // one lane's message says it
+  }
+  EXPECT_EQ(held.size(), 32u) << "exercise 08: two lanes claim the same accumulator element" << see(file);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 09: the swizzle
+// ---------------------------------------------------------------------------------------------
+
+constexpr int kVecElems = 8;  // the stage's 16-byte chunks of 16-bit elements
+
+template <int kHeadDim>
+int swizzled([[maybe_unused]] int row, int col) {  // the placeholder ignores the row
+#include "exercise09_idea.inc"
+}
+
+// Two rules. Every row's chunks are a permutation of themselves, each chunk whole: a 16-byte copy
+// stays one copy and nothing is overwritten. And the 8 rows an ldmatrix reads (rows 8m..8m+7, one
+// 16-byte chunk column) lie in 8 different 16-byte slots of the 128-byte bank window: one pass.
+template <int kHeadDim>
+void check_swizzle() {
+  const char* file = "exercises/09_swizzle_pipeline/swizzle_pipeline.cu";
+  constexpr int kChunks = kHeadDim / kVecElems;
+  for (int row = 0; row < 64; ++row) {
+    std::set<int> chunks;
+    for (int col = 0; col < kHeadDim; ++col) {
+      const int at = swizzled<kHeadDim>(row, col);
+      ASSERT_TRUE(at >= 0 && at < kHeadDim) << "exercise 09: head_dim " << kHeadDim << ", row " << row << ", column "
+                                            << col << " is stored at column " << at << ", outside the row"
+                                            << see(file);
+      ASSERT_EQ(at % kVecElems, col % kVecElems)
+          << "exercise 09: head_dim " << kHeadDim << ", row " << row << ", column " << col << " is stored at column "
+          << at << ": a 16-byte chunk must stay whole (only whole chunks move)" << see(file);
+      chunks.insert(at / kVecElems);
+    }
+    ASSERT_EQ(static_cast<int>(chunks.size()), kChunks)
+        << "exercise 09: head_dim " << kHeadDim << ", row " << row
+        << ": two chunks are stored in the same place (the swizzle must be a permutation of the row's chunks)"
+        << see(file);
+  }
+  for (int first = 0; first < 64; first += 8)
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
+      std::set<int> slots;  // 16-byte slot within the 128-byte window of each row's chunk
+      for (int row = first; row < first + 8; ++row)
+        slots.insert((row * kChunks + swizzled<kHeadDim>(row, chunk * kVecElems) / kVecElems) % 8);
+      ASSERT_EQ(slots.size(), 8u) << "exercise 09: head_dim " << kHeadDim << ": rows " << first << "-" << first + 7
+                                  << " at chunk " << chunk << " share 16-byte slots of the 128-byte window: an "
+                                  << 8 / slots.size() << "-way bank conflict for ldmatrix" << see(file);
+    }
+}
+
+TEST(exercise09, SwizzleIsAPermutationWithoutBankConflicts) {
+  check_swizzle<32>();
+  check_swizzle<64>();
+  check_swizzle<128>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12: the ring's buffers and barrier phases
+// ---------------------------------------------------------------------------------------------
+
+namespace exercise12 {
+#include "exercise12_idea.inc"
+}  // namespace exercise12
+
+// The ring rule: the kStages tiles in flight are in kStages different buffers, a buffer is reused
+// every kStages tiles (the producer waits for exactly the release kStages tiles back), and the
+// parity a tile waits for is that of its buffer's use count: each use completes one phase.
+template <int kStages>
+void check_ring() {
+  const char* file = "exercises/12_hopper/mainloop.cuh";
+  std::vector<int> uses(kStages, 0);
+  for (int n = 0; n < 8 * kStages; ++n) {
+    const int slot = exercise12::ring_slot<kStages>(n);
+    ASSERT_TRUE(slot >= 0 && slot < kStages)
+        << "exercise 12: kStages " << kStages << ": tile " << n << " goes to buffer " << slot << see(file);
+    if (n >= kStages) {
+      ASSERT_EQ(slot, exercise12::ring_slot<kStages>(n - kStages))
+          << "exercise 12: kStages " << kStages << ": tile " << n << " is not in the buffer that tile " << n - kStages
+          << " freed" << see(file);
+    }
+    for (int back = 1; back < kStages && back <= n; ++back)
+      ASSERT_NE(slot, exercise12::ring_slot<kStages>(n - back))
+          << "exercise 12: kStages " << kStages << ": tiles " << n - back << " and " << n
+          << " share a buffer while both are in flight" << see(file);
+    const uint32_t parity = exercise12::ring_parity<kStages>(n);
+    ASSERT_EQ(parity, static_cast<uint32_t>(uses[slot] & 1))
+        << "exercise 12: kStages " << kStages << ": tile " << n << " is use " << uses[slot] << " of buffer " << slot
+        << ", so it completes that buffer's barriers' phase " << uses[slot] << " (parity " << (uses[slot] & 1)
+        << "); ring_parity says " << parity << see(file);
+    ++uses[slot];
+  }
+}
+
+TEST(exercise12, RingBuffersAndPhases) {
+  check_ring<2>();
+  check_ring<3>();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 13: the merge of the splits by their lse
+// ---------------------------------------------------------------------------------------------
+
+namespace exercise13 {
+constexpr int kMergeBatch = 8;  // the stage's: partials loaded at once
+constexpr int kHeadDim = 4;     // one thread's four columns are the whole row here
+
+struct Merged {
+  flash::SoftmaxStats stats;
+  float4 acc;
+};
+
+// The merge kernel's lines for one thread of row `row`, columns [c, c + 4).
+Merged merge(const float* partial_o, const float* partial_lse, long long rows, long long row, int c, int num_splits) {
+#include "exercise13_idea.inc"
+  return {stats, acc};
+}
+}  // namespace exercise13
+
+// Keys with scores and 4-column values, cut into splits (some empty); each split's normalized o and
+// lse computed in double, the learner's merge run over them, and O and lse compared with the softmax
+// of all the keys.
+void check_merge(const std::vector<int>& split_sizes) {
+  const char* file = "exercises/13_decoding/decoding_kernel.cuh";
+  const int splits = static_cast<int>(split_sizes.size());
+  std::vector<float> partial_lse(splits);
+  std::vector<float4> partial_o(splits);
+  double total = 0.0, out[4] = {};
+  std::vector<double> scores, values;
+  int key = 0;
+  for (int s = 0; s < splits; ++s) {
+    double sum = 0.0, o[4] = {};
+    for (int j = 0; j < split_sizes[s]; ++j, ++key) {
+      const double score = 3.0 * std::sin(1.7 * key) + 0.5 * key / 7.0;
+      for (int d = 0; d < 4; ++d) values.push_back(std::cos(0.3 * key + d));
+      scores.push_back(score);
+      sum += std::exp(score);
+      for (int d = 0; d < 4; ++d) o[d] += std::exp(score) * values[values.size() - 4 + d];
+    }
+    partial_lse[s] = sum > 0.0 ? static_cast<float>(std::log(sum)) : -INFINITY;
+    partial_o[s] = sum > 0.0 ? make_float4(static_cast<float>(o[0] / sum), static_cast<float>(o[1] / sum),
+                                           static_cast<float>(o[2] / sum), static_cast<float>(o[3] / sum))
+                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    total += sum;
+  }
+  for (size_t j = 0; j < scores.size(); ++j)
+    for (int d = 0; d < 4; ++d) out[d] += std::exp(scores[j]) / total * values[4 * j + d];
+  const exercise13::Merged got = exercise13::merge(reinterpret_cast<const float*>(partial_o.data()),
+                                                   partial_lse.data(), 1, 0, 0, splits);
+  const float normalizer = flash::softmax_normalizer(got.stats);
+  const float o[4] = {got.acc.x * normalizer, got.acc.y * normalizer, got.acc.z * normalizer, got.acc.w * normalizer};
+  std::string shape = std::to_string(splits) + " split(s) of";
+  for (int n : split_sizes) shape += " " + std::to_string(n);
+  shape += " keys";
+  const float lse = flash::softmax_lse(got.stats);
+  if (total == 0.0) {
+    EXPECT_EQ(lse, -INFINITY) << "exercise 13: " << shape << ": a row with no key has lse = -inf" << see(file);
+  } else {
+    EXPECT_NEAR(lse, std::log(total), 1e-5 * std::fabs(std::log(total)) + 1e-5)
+        << "exercise 13: " << shape << ": lse of the merged row" << see(file);
+  }
+  for (int d = 0; d < 4; ++d)
+    EXPECT_NEAR(o[d], out[d], 1e-5) << "exercise 13: " << shape << ": O column " << d << see(file);
+}
+
+TEST(exercise13, MergeOfSplitsByTheirLse) {
+  check_merge({5});                          // one split: its own result
+  check_merge({4, 9, 2});                    // a few
+  check_merge({3, 0, 6, 1});                 // an empty split changes nothing
+  check_merge({2, 5, 1, 7, 3, 4, 6, 2, 9, 1, 3});  // more than one batch of kMergeBatch
+  check_merge({0, 0});                       // no key at all: O = 0, lse = -inf
+}
+
+}  // namespace
