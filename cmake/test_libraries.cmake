@@ -3,12 +3,14 @@
 # without them, so that a learner's first command never waits on a test library.
 #
 # FLASH_TESTS says what to do about them:
-#   AUTO (default, the README's first command): build the tests and the benchmark where the system
-#        has the library, leave them out where it does not, and say so in one configure message.
+#   OFF  (default, the README's first command): leave both out, and with them what only the tests
+#        run (the exercises, the Python package's library, the variant programs: CMakeLists.txt),
+#        so that the first build compiles the runner and the stages and nothing else.
 #   ON   (the README's test command): the system's library where there is one, else the release
 #        pinned below, downloaded once at configure time. Offline, configure stops and names what
 #        to install.
-#   OFF: leave both out.
+#   AUTO: the tests and the benchmark where the system has the library, never downloaded; left out,
+#        said in one configure message, where it does not.
 # Sets FLASH_HAVE_GTEST and FLASH_HAVE_BENCHMARK for the top-level CMakeLists.txt.
 #
 # The pins: releases whose archives' SHA-256 are fixed, so a fetch is as reproducible as a package.
@@ -20,8 +22,8 @@ set(FLASH_BENCHMARK_VERSION 1.8.3)
 set(FLASH_BENCHMARK_URL https://github.com/google/benchmark/archive/refs/tags/v${FLASH_BENCHMARK_VERSION}.tar.gz)
 set(FLASH_BENCHMARK_SHA256 6bc180a57d23d4d9515519f92b0c83d61b05b5bab188961f36ac7b06b0d9e9ce)
 
-set(FLASH_TESTS AUTO CACHE STRING "Tests and benchmark: AUTO (where the system has GoogleTest / Google Benchmark), ON (fetch them when missing), OFF")
-set_property(CACHE FLASH_TESTS PROPERTY STRINGS AUTO ON OFF)
+set(FLASH_TESTS OFF CACHE STRING "Tests and benchmark: OFF, ON (fetch GoogleTest / Google Benchmark when missing), AUTO (where the system has them)")
+set_property(CACHE FLASH_TESTS PROPERTY STRINGS OFF ON AUTO)
 string(TOUPPER "${FLASH_TESTS}" flash_tests_mode)
 if(NOT flash_tests_mode MATCHES "^(AUTO|ON|OFF)$")
   message(FATAL_ERROR "FLASH_TESTS=${FLASH_TESTS}: must be AUTO, ON or OFF")
@@ -35,7 +37,8 @@ set(flash_packages_benchmark libbenchmark-dev google-benchmark-devel google-benc
 set(FLASH_HAVE_GTEST OFF)
 set(FLASH_HAVE_BENCHMARK OFF)
 if(flash_tests_mode STREQUAL "OFF")
-  message(STATUS "flash-stages: tests and benchmark left out (FLASH_TESTS=OFF)")
+  message(STATUS "flash-stages: the tests, the benchmark and the exercises left out; the runner and the "
+                 "stages do not need them. The README's test command (-DFLASH_TESTS=ON) builds them.")
   return()
 endif()
 
@@ -64,7 +67,9 @@ endif()
 
 # FLASH_TESTS=ON: fetch what the system lacks. FetchContent would stop configure with its own build
 # log on a failed download; downloading the archive here first lets an offline machine get a
-# message that says what to install instead.
+# message that says what to install instead. The download is checked against its SHA-256 after it
+# succeeds, not by file(DOWNLOAD EXPECTED_HASH), which reports a failed download as a hash mismatch
+# error of its own before that message.
 include(FetchContent)
 
 # flash_fetch(<name> <url> <sha256> <result-var>): makes <name>'s CMake targets available from the
@@ -81,13 +86,27 @@ function(flash_fetch name url sha256 result)
     set(${result}_WHY "not downloaded: FETCHCONTENT_FULLY_DISCONNECTED is ON" PARENT_SCOPE)
     set(${result} OFF PARENT_SCOPE)
     return()
+  elseif(flash_download_failed)
+    # Offline, a second try would only wait for its own timeout before the same message.
+    set(${result}_WHY "not downloaded: the download before it failed" PARENT_SCOPE)
+    set(${result} OFF PARENT_SCOPE)
+    return()
   else()
     message(STATUS "flash-stages: downloading ${name} from ${url}")
-    file(DOWNLOAD ${url} ${archive} EXPECTED_HASH SHA256=${sha256} INACTIVITY_TIMEOUT 30 STATUS status)
+    file(DOWNLOAD ${url} ${archive} INACTIVITY_TIMEOUT 30 STATUS status)
     list(GET status 0 code)
-    if(NOT code EQUAL 0)
+    if(code EQUAL 0)
+      file(SHA256 ${archive} actual)
+      if(NOT actual STREQUAL sha256)
+        set(code -1)
+        set(why "its SHA-256 is ${actual}, not the pinned ${sha256}")
+      endif()
+    else()
       list(GET status 1 why)
+    endif()
+    if(NOT code EQUAL 0)
       file(REMOVE ${archive})
+      set(flash_download_failed ON PARENT_SCOPE)
       set(${result}_WHY "download of ${url} failed: ${why}" PARENT_SCOPE)
       set(${result} OFF PARENT_SCOPE)
       return()
@@ -101,6 +120,7 @@ endfunction()
 
 set(missing_names "")
 set(missing_packages "")
+set(fetch_error "")
 if(NOT FLASH_HAVE_GTEST)
   # Only the library: no GoogleMock, nothing installed with our build.
   set(BUILD_GMOCK OFF CACHE BOOL "")
@@ -111,7 +131,7 @@ if(NOT FLASH_HAVE_GTEST)
   else()
     list(APPEND missing_names "GoogleTest")
     list(APPEND missing_packages gtest)
-    set(fetch_error "${FLASH_HAVE_GTEST_WHY}")
+    set(fetch_error "${FLASH_HAVE_GTEST_WHY}")  # the first failure: the others follow from it
   endif()
 endif()
 if(NOT FLASH_HAVE_BENCHMARK)
@@ -126,7 +146,9 @@ if(NOT FLASH_HAVE_BENCHMARK)
   else()
     list(APPEND missing_names "Google Benchmark")
     list(APPEND missing_packages benchmark)
-    set(fetch_error "${FLASH_HAVE_BENCHMARK_WHY}")
+    if(NOT fetch_error)
+      set(fetch_error "${FLASH_HAVE_BENCHMARK_WHY}")
+    endif()
   endif()
 endif()
 if(missing_names)
@@ -149,5 +171,5 @@ if(missing_names)
           "could not be fetched (${fetch_error}).\n"
           "Install them with one of\n${install}"
           "and configure again. Or build the course without tests: leave out -DFLASH_TESTS=ON\n"
-          "    cmake -S . -B build -DFLASH_TESTS=AUTO")
+          "    cmake -S . -B build -DFLASH_TESTS=OFF")
 endif()

@@ -6,7 +6,9 @@
 //                [--smem-limit K] [--json] [--list] [--help]
 //
 // --exercise N runs the learner's version of stage N (exercises/README.md) exactly as --stage N runs
-// the stage: the same checks against the stage before it and the reference, the same timing.
+// the stage: the same checks against the stage before it and the reference, the same timing. The
+// exercises are compiled by the test command (-DFLASH_TESTS=ON) or -DFLASH_EXERCISES=ON; a build
+// without them (FLASH_EXERCISES_BUILT=0: the README's first command) refuses --exercise, saying so.
 // --smem-limit K runs the stages as a GPU that allows a block K KiB of shared memory would
 // (flash::set_shared_memory_limit): on an H100, --smem-limit 64 runs the tiles a T4 runs.
 //
@@ -28,6 +30,11 @@
 #include "harness.h"
 #include "reference.h"
 #include "registry.h"
+
+// CMakeLists.txt sets it on flash_registry: 1 where the exercises are compiled into the registry.
+#ifndef FLASH_EXERCISES_BUILT
+#error "FLASH_EXERCISES_BUILT is not defined: build the runner with CMakeLists.txt"
+#endif
 
 namespace {
 
@@ -64,6 +71,23 @@ bool parse_dtype(const std::string& name, flash::DType* dtype) {
 }
 
 
+// The exercises' numbers for a message: runs of three or more consecutive numbers joined, e.g.
+// "1 to 7", as registry::stage_numbers() writes the stages'.
+std::string exercise_numbers() {
+  const std::vector<registry::Stage>& all = registry::exercises();
+  std::string list;
+  for (size_t i = 0; i < all.size(); ++i) {
+    size_t last = i;  // the end of a run of consecutive numbers
+    while (last + 1 < all.size() && all[last + 1].number == all[last].number + 1) ++last;
+    list += (list.empty() ? "" : ", ") + std::to_string(all[i].number);
+    if (last > i + 1) {
+      list += " to " + std::to_string(all[last].number);
+      i = last;
+    }
+  }
+  return list;
+}
+
 // Why the runner refuses to go on: its exit code and a one-line message naming the option and value.
 struct Refusal {
   int exit_code = 0;  // 0: nothing refused
@@ -80,7 +104,8 @@ void usage(std::FILE* to) {
                "\n"
                "  --stage N      run stage N only (and the stage it is checked against); --list shows them\n"
                "  --exercise N   run your version of stage N from exercises/NN_name/, checked and timed as\n"
-               "                 --stage N is; stages 1 to 7 have one (exercises/README.md)\n"
+               "                 --stage N is; stages %s have one (exercises/README.md). Built by the\n"
+               "                 test command (-DFLASH_TESTS=ON) or -DFLASH_EXERCISES=ON%s\n"
                "  --batch B      independent sequences (default 4)\n"
                "  --heads H      query heads (default 16)\n"
                "  --heads-kv H   key/value heads, a divisor of --heads: H for MHA, 1 for MQA (default --heads)\n"
@@ -95,13 +120,14 @@ void usage(std::FILE* to) {
                "                 RTX 30/40 card): the stages take smaller tiles, or say they cannot run (default:\n"
                "                 what this GPU allows)\n"
                "  --json         the results, or why there are none, as JSON on stdout\n"
-               "  --list         the stages, one per line\n"
+               "  --list         the stages, one per line: number, name, dtypes (the first is the default),\n"
+               "                 head_dims, the idea it adds\n"
                "  --help         this text\n"
                "Sizes are whole numbers from 1 to %d.\n"
                "Exit codes: 0 every stage that ran passed (a stage this GPU cannot run says why in its row); 1 a\n"
                "stage failed; 2 no GPU (what was found is on stderr); 3 a bad option or value; 4 valid options\n"
                "that no selected stage can run.\n",
-               INT_MAX);
+               exercise_numbers().c_str(), FLASH_EXERCISES_BUILT ? "" : ": not in this build", INT_MAX);
 }
 
 // s with JSON's escapes, for a message inside a JSON string.
@@ -190,7 +216,13 @@ Refusal parse(int argc, char** argv, Options* opt) {
       opt->dtype_given = true;
     }
     else if (a == "--list") {
-      for (const registry::Stage& s : registry::stages()) std::printf("%02d  %-16s %s\n", s.number, s.name, s.lesson);
+      // The number and name lead each line: scripts/device/gpu_check.sh reads them.
+      for (const registry::Stage& s : registry::stages()) {
+        std::string dims;
+        for (int d : s.head_dims) dims += (dims.empty() ? "" : ",") + std::to_string(d);
+        std::printf("%02d  %-16s %-10s head_dim %-10s %s\n", s.number, s.name, s.dtype_list().c_str(), dims.c_str(),
+                    s.lesson);
+      }
       std::exit(0);
     }
     else if (a == "--help" || a == "-h") { usage(stdout); std::exit(0); }
@@ -217,9 +249,12 @@ Refusal validate(const Options& opt) {
   if (opt.stage != 0 && !registry::find(opt.stage))
     return {kExitUsage, "--stage " + std::to_string(opt.stage) + ": no such stage (" + registry::stage_numbers() +
                             "; --list shows them)"};
+  if (opt.exercise != 0 && !FLASH_EXERCISES_BUILT)
+    return {kExitCannotRun, "--exercise " + std::to_string(opt.exercise) +
+                                ": the exercises are not in this build; configure it with -DFLASH_TESTS=ON "
+                                "(the tests) or -DFLASH_EXERCISES=ON and build again"};
   if (opt.exercise != 0 && !registry::find_exercise(opt.exercise))
-    return {kExitUsage, "--exercise " + std::to_string(opt.exercise) + ": no such exercise (" +
-                            std::to_string(all.front().number) + " to " + std::to_string(all.back().number) +
+    return {kExitUsage, "--exercise " + std::to_string(opt.exercise) + ": no such exercise (" + exercise_numbers() +
                             "; exercises/README.md lists them)"};
   if (p.heads_q % p.heads_kv != 0)
     return {kExitUsage, "--heads-kv " + std::to_string(p.heads_kv) + ": must divide --heads " +

@@ -100,9 +100,10 @@ INSTANTIATE_TEST_SUITE_P(
         Refused{"--dtype fp16 --stage 3", kExitCannotRun, "--dtype fp16: stage 3 does not have it"},
         Refused{"--dtype fp32 --stage 8", kExitCannotRun, "--dtype fp32: stage 8 does not have it"},
         Refused{"--batch 2147483647 --heads 2", kExitCannotRun, "more than the stages index"},
-        // Exercises: one of stages 01-07, alone, held to what its stage accepts.
+        // Exercises: one of the stages that have one, alone, held to what its stage accepts. The
+        // tests' build compiles them into the registry (CMakeLists.txt: FLASH_EXERCISES_BUILT).
         Refused{"--exercise 0", kExitUsage, "--exercise 0: out of range"},
-        Refused{"--exercise 8", kExitUsage, "--exercise 8: no such exercise (1 to 7"},
+        Refused{"--exercise 14", kExitUsage, "--exercise 14: no such exercise (1 to "},
         Refused{"--exercise 3 --stage 2", kExitUsage, "--stage 2 --exercise 3: one or the other"},
         Refused{"--exercise 3 --causal", kExitCannotRun, "--causal: exercise 3 has no causal mask"},
         Refused{"--exercise 5 --head-dim 48", kExitCannotRun, "--head-dim 48: exercise 5 does not support it"},
@@ -124,6 +125,9 @@ TEST(Runner, ListNeedsNoGpu) {
   EXPECT_EQ(r.out.rfind("01  naive", 0), 0u) << r.out;
   // Stages only, one per line: scripts/device/gpu_check.sh runs each number it lists with --stage.
   EXPECT_EQ(r.out.find("exercise"), std::string::npos) << r.out;
+  // Each line names the stage's dtypes, its default first, and its head_dims.
+  EXPECT_NE(r.out.find("\n03  online softmax   fp32       head_dim 32,64,128 "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n12  hopper           bf16,fp16  head_dim 64,128 "), std::string::npos) << r.out;
 }
 
 TEST(Runner, RefusalsAreJsonWithJson) {
