@@ -14,7 +14,15 @@ Three checks, each printing what fails it:
             there.
   fresh     for each manifest row with a commit C and `measures` paths P, the code under P is unchanged
             from C to HEAD (`git diff C HEAD -- P`). Changes to Markdown files (the lessons) and to
-            comments only do not count: they do not change what the kernels do. Without git history (a
+            comments only do not count: they do not change what the kernels do. Nor does a change that
+            a SASS record proves left the device code as it was: bench/results/sass_unchanged_*.txt,
+            written by scripts/profile/sass_unchanged.sh, compares the kernels of some .cu files
+            compiled at a commit BASE and at a commit H. A result stays fresh when the code under P is
+            unchanged from C to BASE, every file under P that changes from BASE to H is included by a
+            compiled file whose kernels are all identical (the record's "all identical", H committed),
+            and the code under P is unchanged from H to HEAD; records chain, H to the next one's BASE.
+            The record covers device code only: a host-side change in its span (a launch's grid, a
+            benchmark's constants) is for the reader of its diff to judge. Without git history (a
             tarball) this part says it was not checked, and why.
 
 A page names a file by its whole name, or by its stem and `.*` for all of its forms
@@ -133,9 +141,9 @@ def strip_comments(text, suffix):
     return re.sub(r"\s+", "", text)
 
 
-def code_changed(commit, paths):
-    """The files under paths whose code differs between commit and HEAD (comments and Markdown aside)."""
-    changed = git("diff", "--name-only", commit, "HEAD", "--", *paths)
+def code_changed(commit, paths, later="HEAD"):
+    """The files under paths whose code differs between commit and later (comments and Markdown aside)."""
+    changed = git("diff", "--name-only", commit, later, "--", *paths)
     if changed.returncode != 0:
         return None, changed.stderr.strip()
     out = []
@@ -146,10 +154,48 @@ def code_changed(commit, paths):
         if suffix not in CODE_SUFFIXES:
             out.append(name)
             continue
-        old, new = git("show", f"{commit}:{name}"), git("show", f"HEAD:{name}")
+        old, new = git("show", f"{commit}:{name}"), git("show", f"{later}:{name}")
         if old.returncode or new.returncode or strip_comments(old.stdout, suffix) != strip_comments(new.stdout, suffix):
             out.append(name)
     return out, None
+
+
+def sass_records():
+    """The comparisons of scripts/profile/sass_unchanged.sh kept in bench/results/sass_unchanged_*.txt, each
+    as (base, tree, the files the identical sources include). A file holds one comparison per "# command:"
+    line; one whose tree had uncommitted changes, or where a kernel differs, proves nothing and is left out."""
+    records = []
+    for path in sorted(RESULTS.glob("sass_unchanged_*.txt")):
+        for block in re.split(r"^(?=# command:)", read(path), flags=re.M):
+            base = re.search(r"^base: ([0-9a-f]{7,40})$", block, re.M)
+            tree = re.search(r"^tree: ([0-9a-f]{7,40}) \(", block, re.M)
+            if not base or not tree or not re.search(r"^all identical", block, re.M):
+                continue
+            covered = set()
+            for source in re.finditer(r"^file (\S+)\n  includes: (.*)\n(?:  .*\n)*?  \1: identical", block, re.M):
+                covered.update(source.group(2).split())
+            records.append((base.group(1), tree.group(1), covered))
+    return records
+
+
+def unchanged_through_records(commit, paths, records):
+    """Whether the code under paths is the same at HEAD as at commit, counting a span BASE..H of a SASS record
+    as no change where every file it changes under paths is included by a source that compiled to the same
+    SASS. Spans chain: commit to a BASE without a code change, BASE to H covered, H on to the next BASE or
+    to HEAD without a code change."""
+    reached, frontier = {commit}, [commit]
+    while frontier:
+        start = frontier.pop()
+        if code_changed(start, paths) == ([], None):
+            return True
+        for base, tree, covered in records:
+            if tree in reached or code_changed(start, paths, base) != ([], None):
+                continue
+            span, error = code_changed(base, paths, tree)
+            if error is None and set(span) <= covered:
+                reached.add(tree)
+                frontier.append(tree)
+    return False
 
 
 def main():
@@ -185,10 +231,13 @@ def main():
               "cannot be compared with the code")
     else:
         stale = 0
+        records = sass_records()
         for name, (commit, paths) in sorted(rows.items()):
             if not commit or not paths or name not in names:
                 continue
             changed, error = code_changed(commit, paths)
+            if changed and unchanged_through_records(commit, paths, records):
+                continue
             if error:
                 stale += 1
                 print(f"fresh: bench/results/{name}: cannot compare {commit} with HEAD: {error}")
