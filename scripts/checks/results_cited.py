@@ -23,7 +23,8 @@ Three checks, each printing what fails it:
             and the code under P is unchanged from H to HEAD; records chain, H to the next one's BASE.
             The record covers device code only: a host-side change in its span (a launch's grid, a
             benchmark's constants) is for the reader of its diff to judge. Without git history (a
-            tarball) this part says it was not checked, and why.
+            tarball), or without any of the manifest's commits (a shallow clone, a copy of the tree
+            committed afresh), this part says it was not checked, and why.
 
 A page names a file by its whole name, or by its stem and `.*` for all of its forms
 (`compare_h100_bf16.*`).
@@ -226,9 +227,16 @@ def main():
         if not absent and not extra:
             print(f"manifest: {len(rows)} rows, one per file")
 
+    commits = {commit for commit, paths in rows.values() if commit and paths}
+    known = {c for c in commits if git("cat-file", "-e", f"{c}^{{commit}}").returncode == 0}
     if not (ROOT / ".git").exists() or git("rev-parse", "HEAD").returncode != 0:
         print("fresh: not checked: no git history here (a tarball), so the commit each result measured "
               "cannot be compared with the code")
+    elif commits and not known:
+        # A copy of the tree with a history of its own (a shallow clone, a snapshot committed afresh):
+        # none of the manifest's commits is here. One unknown commit among known ones is a typo: below.
+        print(f"fresh: not checked: this clone holds none of the {len(commits)} commits the manifest names "
+              "(a shallow clone or a copy of the tree); a full clone checks them")
     else:
         stale = 0
         records = sass_records()
