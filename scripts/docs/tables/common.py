@@ -220,7 +220,7 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       half-below-floor/TAG/IMPL[/BASE]  the same below the targets' floor, 0.9x as printed
       half-geo3/..., half-bwd-geo3/...  half-geo and half-bwd-geo to 3 decimals, where a target is met or
                                         missed by less than the 2-decimal figure shows
-      ncu-tensor/dD/STAGE/WHAT         bank (shared-load conflicts), tensor (pipe %), short/long/barrier
+      ncu-tensor/dD/STAGE/WHAT         bank (shared-load conflicts), tensor (pipe %), short/long/barrier/wait
                                         (stalls per issue), occupancy (% of 64 warps), registers (per
                                         thread) of h100_ncu_tensor_dD_raw.csv
       ncu-raw/dD/SS/METRIC              that metric of h100_ncu_dD.csv as the profiler counted it (integer)

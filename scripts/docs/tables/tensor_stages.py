@@ -90,13 +90,14 @@ def variants_table():
 
 @value_kind("ncu-tensor")
 def _ncu_tensor(spec, parts, kind, runs, backward, compare, anchors):
-    # ncu-tensor/dD/STAGE/bank|tensor: a figure of the tensor-core profile
+    # ncu-tensor/dD/STAGE/WHAT: a figure of the tensor-core profile (WHAT: a key of the table below)
     d, stage, what = int(parts[1][1:]), int(parts[2]), parts[3]
     metric = {"bank": "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
               "tensor": "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
               "short": "smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio",
               "long": "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
               "barrier": "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+              "wait": "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio",
               "occupancy": "sm__warps_active.avg.pct_of_peak_sustained_active",
               "registers": "launch__registers_per_thread"}[what]
     for r in csv.reader((RESULTS / f"h100_ncu_tensor_d{d}_raw.csv").open()):
