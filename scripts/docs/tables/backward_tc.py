@@ -370,10 +370,14 @@ def stage11_vs_fa2_table():
                  "runs 128-row steps, as FlashAttention-2 does there. Before the step counters: the kernel of "
                  "2026-11-23; 2026-11-25: the kernel with P before dP, before dQ went through the copy engine; now: "
                  "the kernel on this page. From "
-                 "`bench/results/h100_ncu_stage11_sections_dD.txt` and `_instmix_dD.csv`, "
-                 "`h100_ncu_stage11_p_mixed_sections_dD.txt` and `_instmix_dD.csv`, "
-                 "`h100_ncu_stage11_bulk_sections_dD.txt` and `_instmix_dD.csv`, "
-                 "`bench/results/h100_ncu_fa2_bwd_sections_dD.txt` and `_instmix_dD.csv`; the commands are in "
+                 "`bench/results/" + "h100_ncu_stage11_sections_d64.txt`, `h100_ncu_stage11_sections_d128.txt`, "
+                 "`h100_ncu_stage11_instmix_d64.csv`, `h100_ncu_stage11_instmix_d128.csv`, "
+                 "`h100_ncu_stage11_p_mixed_sections_d64.txt`, `h100_ncu_stage11_p_mixed_sections_d128.txt`, "
+                 "`h100_ncu_stage11_p_mixed_instmix_d64.csv`, `h100_ncu_stage11_p_mixed_instmix_d128.csv`, "
+                 "`h100_ncu_stage11_bulk_sections_d64.txt`, `h100_ncu_stage11_bulk_sections_d128.txt`, "
+                 "`h100_ncu_stage11_bulk_instmix_d64.csv`, `h100_ncu_stage11_bulk_instmix_d128.csv`, "
+                 "`h100_ncu_fa2_bwd_sections_d64.txt`, `h100_ncu_fa2_bwd_sections_d128.txt`, "
+                 "`h100_ncu_fa2_bwd_instmix_d64.csv` and `h100_ncu_fa2_bwd_instmix_d128.csv`; the commands are in "
                  "`bench/results/MANIFEST.md`.")
     return "\n".join(lines)
 
@@ -448,7 +452,7 @@ def ncu_stage_table(stage, head_dims=(64, 128)):
                  "(`sm__pipe_tensor_op_hmma_cycles_active`) over the cycles an SM was active. The busiest memory "
                  "unit is ncu's largest memory throughput, of units this profile does not break down (the L1 with "
                  "shared memory, the L2, DRAM). From "
-                 + ", ".join(f"`bench/results/h100_ncu_stage{stage:02d}_d{d}.csv` (+ `_tensor.csv`)" for d in head_dims)
+                 + ", ".join(f"`bench/results/h100_ncu_stage{stage:02d}_d{d}.csv` and `h100_ncu_stage{stage:02d}_d{d}_tensor.csv`" for d in head_dims)
                  + "; the command is in `bench/results/MANIFEST.md`.")
     return "\n".join(lines)
 

@@ -509,7 +509,7 @@ def ncu_stage12_table():
     lines.append(f"Nsight Compute (`--clock-control none`) of `{kernel}`, bf16, not causal, N = {p['seq']}, "
                  f"B·N = {FA_TOKENS}, H·d = {FA_HEADS_TIMES_DIM}; the mean of the {ncu12_value(128, 'launches')} "
                  "launches profiled. \"n/a\": the value ncu wrote for that metric on this GPU. From "
-                 "`bench/results/h100_ncu_stage12_d64.csv`, `h100_ncu_stage12_d128.csv` and their `_tensor.csv` "
+                 "`bench/results/h100_ncu_stage12_d64.csv`, `h100_ncu_stage12_d128.csv`, `h100_ncu_stage12_d64_tensor.csv` and `h100_ncu_stage12_d128_tensor.csv` "
                  "(commands: `bench/results/MANIFEST.md`).")
     return "\n".join(lines)
 
