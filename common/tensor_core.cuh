@@ -247,15 +247,16 @@ constexpr float kLog2e = 1.4426950408889634f;  // log2(e)
 constexpr float kLn2 = 0.6931471805599453f;    // ln(2)
 constexpr unsigned kFullWarp = 0xffffffffu;     // the mask of a *_sync warp function that every lane calls
 
-// The max and the sum of one row of an mma accumulator. Rows g and g + 8 of the 16x8 tile are held by
-// the four lanes 4g..4g+3 (columns 2t, 2t + 1 at lane 4g + t: mma_m16n8k16's layout), so two butterfly
-// steps, lane ^ 1 then lane ^ 2, give each of the four the row's result. Every lane of the warp must
-// call them.
+// The max of one row of an mma accumulator. Rows g and g + 8 of the 16x8 tile are held by the four
+// lanes 4g..4g+3 (columns 2t, 2t + 1 at lane 4g + t: mma_m16n8k16's layout), so two butterfly steps,
+// lane ^ 1 then lane ^ 2, give each of the four the row's result. Every lane of the warp must call it.
 __device__ inline float max_over_row_lanes(float x) {
   x = fmaxf(x, __shfl_xor_sync(kFullWarp, x, 1));
   return fmaxf(x, __shfl_xor_sync(kFullWarp, x, 2));
 }
 
+// The sum of one row of an mma accumulator, over the same four lanes and in the same two steps as
+// max_over_row_lanes. Every lane of the warp must call it.
 __device__ inline float sum_over_row_lanes(float x) {
   x += __shfl_xor_sync(kFullWarp, x, 1);
   return x + __shfl_xor_sync(kFullWarp, x, 2);
