@@ -22,13 +22,13 @@ import sys
 # call" and "first run" stay out of the ordinals: they are how one speaks of a cold start.
 _WORK = "ses" + "sions?"
 _ORDINALS = (
-    "second|third|fourth|fifth|sixth|seventh|eighth|ninth|tenth|eleventh|twelfth|thirteenth|"
-    "fourteenth|fifteenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|"
+    "second|third|fourth|fifth|sixth|seventh|eighth|ninth|ten" "th|eleven" "th|twelf" "th|thir" "teenth|"
+    "four" "teenth|fif" "teenth|sixteenth|seventeenth|eighteenth|nineteenth|twentieth|"
     r"\d+(?:st|nd|rd|th)"
 )
 PATTERNS = [
     re.compile(r"(?<!test )\b" + _WORK + r"\b", re.IGNORECASE),  # pytest's "test s..." banner is the tool's own
-    # Not a command-line option ("--calls 2000").
+    # Not a command-line option's count (a "--" right before the word).
     re.compile(r"(?<!-)\bcal" + r"ls?\s+\d+", re.IGNORECASE),
     re.compile(r"\b(?:" + _ORDINALS + r")\s+(?:" + "ses" + "sion|cal" + "l|ru" + r"n)\b", re.IGNORECASE),
     re.compile(r"\bthe\s+ru" + r"n\s+before\b", re.IGNORECASE),

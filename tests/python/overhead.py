@@ -4,7 +4,7 @@ and the time per call is the Python, the checks, the allocation and the launch: 
 one synchronize at the end, time.perf_counter around them; the median of several trials. PyTorch's
 SDPA on the same inputs is the yardstick.
 
-    PYTHONPATH=<build>/python python3 tests/python/overhead.py [--calls 2000] [--trials 7] [--json FILE]
+    PYTHONPATH=<build>/python python3 tests/python/overhead.py [--calls=2000] [--trials=7] [--json FILE]
 
 It measures whatever flash_stages is on the path: the package with PyTorch custom operators, where it
 also times the operators called straight (torch.ops.flash_stages.*) and the wrappers with every call
