@@ -181,7 +181,22 @@ __device__ inline void tma_store_3d(const CUtensorMap* map, const void* src, int
 #endif
 }
 using tensor_core::bulk_commit;
+using tensor_core::bulk_wait;
 using tensor_core::bulk_wait_read;
+
+// cp.async.bulk, global to shared, completion on an mbarrier (data-movement-and-conversion-
+// instructions-cp-async-bulk): a plain copy of `bytes` contiguous bytes (a multiple of 16, both
+// addresses 16-byte aligned), no tensor map; the bytes count on the barrier as a TMA load's do.
+// Stage 14 loads a query tile's lse and D with it, beside the tile's TMA boxes.
+__device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+#if FLASH_HOPPER_SM90
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          shared_address(dst)),
+      "l"(src), "r"(bytes), "r"(shared_address(bar))
+      : "memory");
+#endif
+}
 
 // fence.proxy.async.shared::cta (parallel-synchronization-and-communication-instructions-membar),
 // from tensor_core.cuh, where stage 11's bulk copies need it first: orders this thread's
@@ -371,15 +386,16 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
 // scale-d is a predicate: false computes D = A * B (the accumulators' old values are ignored),
 // true D = A * B + D. imm-scale-a = -1 negates A. imm-trans-a/b = 0: K-major, 1: MN-major
 // ("transposed"). The instruction text of one shape and type; wgmma_ss below picks it.
-#define FLASH_WGMMA_SS(SHAPE, TYPE, DREGS, ACC, A, B, SCALE_D, SCALE_A, TRANS_B)                              \
+#define FLASH_WGMMA_SS(SHAPE, TYPE, DREGS, ACC, A, B, SCALE_D, SCALE_A, TRANS_B, TRANS_A)                     \
   asm volatile("{\n"                                                                                          \
                ".reg .pred p;\n"                                                                              \
                "setp.ne.b32 p, %" SCALE_D ", 0;\n"                                                            \
                "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " " DREGS ", %" A ", %" B            \
-               ", p, %" SCALE_A ", 1, 0, %" TRANS_B ";\n"                                                     \
+               ", p, %" SCALE_A ", 1, %" TRANS_A ", %" TRANS_B ";\n"                                          \
                "}\n"                                                                                          \
                : ACC                                                                                          \
-               : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kScaleA), "n"(kTransB))
+               : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)), "n"(kScaleA), "n"(kTransB),      \
+                 "n"(kTransA))
 
 // wgmma.mma_async with A from registers, B from shared memory:
 //   wgmma.mma_async.sync.aligned.m64nNk16.f32.T.T d, a, b-desc, scale-d, imm-scale-a, imm-scale-b,
@@ -399,29 +415,32 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
 
 // D (64 x N) (+)= A (64 x 16, shared memory, desc_a) * B (16 x N, shared memory, desc_b), N = 64,
 // 128 or 160, fp32 accumulators d[N / 2]. kScaleA: 1, or -1 to negate A. kTransB: 0 K-major B, 1 MN-major.
-template <typename Element, int N, int kScaleA, int kTransB>
+// kTransA the same for A: 1 reads an A stored with its M dimension contiguous (stage 14's dS, written
+// transposed by the threads that hold dS^T).
+template <typename Element, int N, int kScaleA, int kTransB, int kTransA = 0>
 __device__ inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
-  static_assert(N == 64 || N == 128 || N == 160, "stage 12 uses N = 64, 128 and 160");
+  static_assert(N == 64 || N == 128 || N == 160, "the wrappers have N = 64, 128 and 160");
   static_assert(kScaleA == 1 || kScaleA == -1, "imm-scale-a is 1 or -1");
   static_assert(kTransB == 0 || kTransB == 1, "imm-trans-b is 0 or 1");
+  static_assert(kTransA == 0 || kTransA == 1, "imm-trans-a is 0 or 1");
 #if FLASH_HOPPER_SM90A
   if constexpr (N == 64) {
     if constexpr (std::is_same_v<Element, __nv_bfloat16>)
-      FLASH_WGMMA_SS("m64n64k16", "bf16", FLASH_WGMMA_D32, FLASH_WGMMA_ACC32(d, 0), "32", "33", "34", "35", "36");
+      FLASH_WGMMA_SS("m64n64k16", "bf16", FLASH_WGMMA_D32, FLASH_WGMMA_ACC32(d, 0), "32", "33", "34", "35", "36", "37");
     else
-      FLASH_WGMMA_SS("m64n64k16", "f16", FLASH_WGMMA_D32, FLASH_WGMMA_ACC32(d, 0), "32", "33", "34", "35", "36");
+      FLASH_WGMMA_SS("m64n64k16", "f16", FLASH_WGMMA_D32, FLASH_WGMMA_ACC32(d, 0), "32", "33", "34", "35", "36", "37");
   } else if constexpr (N == 128) {
     if constexpr (std::is_same_v<Element, __nv_bfloat16>)
       FLASH_WGMMA_SS("m64n128k16", "bf16", FLASH_WGMMA_D64, FLASH_WGMMA_ACC64(d), "64",
-                     "65", "66", "67", "68");
+                     "65", "66", "67", "68", "69");
     else
       FLASH_WGMMA_SS("m64n128k16", "f16", FLASH_WGMMA_D64, FLASH_WGMMA_ACC64(d), "64",
-                     "65", "66", "67", "68");
+                     "65", "66", "67", "68", "69");
   } else {
     if constexpr (std::is_same_v<Element, __nv_bfloat16>)
-      FLASH_WGMMA_SS("m64n160k16", "bf16", FLASH_WGMMA_D80, FLASH_WGMMA_ACC80(d), "80", "81", "82", "83", "84");
+      FLASH_WGMMA_SS("m64n160k16", "bf16", FLASH_WGMMA_D80, FLASH_WGMMA_ACC80(d), "80", "81", "82", "83", "84", "85");
     else
-      FLASH_WGMMA_SS("m64n160k16", "f16", FLASH_WGMMA_D80, FLASH_WGMMA_ACC80(d), "80", "81", "82", "83", "84");
+      FLASH_WGMMA_SS("m64n160k16", "f16", FLASH_WGMMA_D80, FLASH_WGMMA_ACC80(d), "80", "81", "82", "83", "84", "85");
   }
 #else
   (void)d, (void)desc_a, (void)desc_b, (void)accumulate;
@@ -432,7 +451,7 @@ __device__ inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t des
 // memory, desc_b). The transpose of A is not available with A in registers.
 template <typename Element, int N, int kTransB>
 __device__ inline void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, bool accumulate) {
-  static_assert(N == 64 || N == 128, "stage 12 uses N = 64 and N = 128");
+  static_assert(N == 64 || N == 128, "the wrappers have N = 64 and N = 128");
   static_assert(kTransB == 0 || kTransB == 1, "imm-trans-b is 0 or 1");
 #if FLASH_HOPPER_SM90A
   if constexpr (N == 64) {

@@ -16,6 +16,7 @@
 #include "11_backward_tc/backward_tc.h"
 #include "12_hopper/hopper.h"
 #include "13_decoding/decoding.h"
+#include "14_hopper_backward/hopper_backward.h"
 
 // The exercises' entry points. exercises/NN_name/*.cu is its stage's source compiled with
 // -DstageNN=exerciseNN (CMakeLists.txt), so it defines these with the types of stageNN's header.
@@ -78,6 +79,11 @@ decltype(stage13::forward_workspace_size) forward_workspace_size;
 decltype(stage13::forward_paged) forward_paged;
 decltype(stage13::forward_paged_workspace_size) forward_paged_workspace_size;
 }  // namespace exercise13
+namespace exercise14 {  // the backward only: exercise 14's forward is stage 12's, as stage 14's is
+decltype(stage14::backward) backward;
+decltype(stage14::backward_workspace_size) backward_workspace_size;
+decltype(stage14::check_gpu) check_gpu;
+}  // namespace exercise14
 
 namespace registry {
 namespace {
@@ -164,6 +170,12 @@ const std::vector<Stage>& stages() {
          "split-KV decoding: a few new queries against a long (and paged) KV cache, split across blocks, merged "
          "as in 03",
          true, {DType::kBf16, DType::kFp16}, {64, 128}, stage13::forward, stage13::forward_workspace_size},
+        // Stage 14 is a backward only, as stage 11 is: its forward is stage 12's.
+        {14, "14_hopper_backward", "hopper backward",
+         "the backward on Hopper: K/V tiles resident, Q and dO streamed by TMA, S^T and dP^T by wgmma, dV and dK "
+         "from registers, dQ added by the copy engine",
+         true, {DType::kBf16, DType::kFp16}, {64, 128}, stage12::forward, stage12::forward_workspace_size,
+         stage14::backward, stage14::backward_workspace_size},
     };
     // The stages that choose their tiles from the GPU's shared memory per block.
     list[3].forward_tiles = stage04::forward_tiles;
@@ -174,21 +186,23 @@ const std::vector<Stage>& stages() {
     // The tensor-core stages, as their forward checks (mma.sync with bf16, ldmatrix, cp.async).
     for (Stage& s : list)
       if (s.number >= 8) s.min_compute_capability = 80;
-    // Stage 11 sums dQ with atomics unless asked to be deterministic.
+    // Stages 11 and 14 sum dQ with atomics unless asked to be deterministic.
     for (Stage& s : list)
-      if (s.number == 11) s.backward_atomic = true;
-    // The Hopper stage: sm_90a code, which runs on compute capability 9.0 alone, and only in a build
-    // that compiled it (stage12::check_gpu says which).
+      if (s.number == 11 || s.number == 14) s.backward_atomic = true;
+    // The Hopper stages: sm_90a code, which runs on compute capability 9.0 alone, and only in a build
+    // that compiled it (stage12::check_gpu and stage14::check_gpu say which).
     for (Stage& s : list)
-      if (s.number == 12) {
+      if (s.number == 12 || s.number == 14) {
         s.min_compute_capability = s.max_compute_capability = 90;
-        s.check_gpu = stage12::check_gpu;
+        s.check_gpu = s.number == 12 ? stage12::check_gpu : stage14::check_gpu;
       }
     // The decoding stage: a few query rows, and a second entry point over a paged cache.
-    Stage& decoding = list.back();
-    decoding.max_seq_q = stage13::kMaxSeqQ;
-    decoding.forward_paged = stage13::forward_paged;
-    decoding.forward_paged_workspace_size = stage13::forward_paged_workspace_size;
+    for (Stage& s : list)
+      if (s.number == 13) {
+        s.max_seq_q = stage13::kMaxSeqQ;
+        s.forward_paged = stage13::forward_paged;
+        s.forward_paged_workspace_size = stage13::forward_paged_workspace_size;
+      }
     return list;
   }();
   return all;
@@ -257,6 +271,11 @@ const std::vector<Stage>& exercises() {
                             "exercises/13_decoding/decoding_kernel.cuh"));
     list.back().forward_paged = exercise13::forward_paged;
     list.back().forward_paged_workspace_size = exercise13::forward_paged_workspace_size;
+    list.push_back(exercise(14, stage12::forward, stage12::forward_workspace_size,
+                            "exercises/14_hopper_backward/mainloop.cuh"));
+    list.back().backward = exercise14::backward;
+    list.back().backward_workspace_size = exercise14::backward_workspace_size;
+    list.back().check_gpu = exercise14::check_gpu;
     return list;
   }();
   return all;

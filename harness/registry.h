@@ -121,7 +121,7 @@ const std::vector<Stage>& stages();
 std::string stage_numbers();
 // The stage with that number, or null when there is none.
 const Stage* find(int number);
-// The exercises, one for each of stages 01-13 and in that order: each is its stage's entry with the
+// The exercises, one for each of stages 01-14 and in that order: each is its stage's entry with the
 // forward (and backward) compiled from exercises/NN_name/ in place of the stage's, exercise_file set.
 const std::vector<Stage>& exercises();
 // The exercise of stage `number`, or null when there is none.

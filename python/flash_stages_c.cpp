@@ -208,6 +208,26 @@ int flash_stages_limits(int index, int* max_seq_q, int* paged, int* backward_ato
   }
 }
 
+int flash_stages_runs_here(int stage, int device, char* message, size_t message_bytes) {
+  try {
+    int code = 0;
+    const registry::Stage* s = find_stage(stage, message, message_bytes, &code);
+    if (!s) return code;
+    const DeviceGuard guard(device);
+    if (!guard.status().ok()) return finish(guard.status(), message, message_bytes);
+    int cc = 0;
+    flash::Status st = flash::compute_capability(&cc);
+    if (st.ok() && (cc < s->min_compute_capability || (s->max_compute_capability && cc > s->max_compute_capability)))
+      st = flash::make_status(StatusCode::kArchNotSupported, "device", cc, s->min_compute_capability);
+    if (st.ok() && s->check_gpu) st = s->check_gpu();
+    return finish(st, message, message_bytes);
+  } catch (const std::exception& e) {
+    return internal_error(e.what(), message, message_bytes);
+  } catch (...) {
+    return internal_error("unknown exception", message, message_bytes);
+  }
+}
+
 int flash_stages_forward_workspace_size(int stage, int batch, int heads_q, int heads_kv, int seq_q, int seq_kv,
                                         int head_dim, size_t* bytes, char* message, size_t message_bytes) {
   try {

@@ -41,8 +41,8 @@ extern "C" {
 /* Bumped whenever a signature below changes or one is added; the Python package refuses a library of
  * another. 3: flash_stages_limits and the paged entry point (stage 13). 4: flash_stages_backward takes
  * the dtype and the deterministic flag (stage 11, the half-precision backward), flash_stages_limits
- * says whether a backward uses atomics. */
-#define FLASH_STAGES_C_ABI_VERSION 4
+ * says whether a backward uses atomics. 5: flash_stages_runs_here (the Hopper stages 12 and 14). */
+#define FLASH_STAGES_C_ABI_VERSION 5
 
 /* Element types: the values of flash::DType. lse is always fp32. */
 enum { FLASH_STAGES_FP32 = 0, FLASH_STAGES_FP16 = 1, FLASH_STAGES_BF16 = 2 };
@@ -88,6 +88,12 @@ FLASH_STAGES_C_API int flash_stages_info(int index, int* number, const char** fo
  * differ in the last bits from run to run; stage 11). Any pointer may be null. Returns
  * FLASH_STAGES_INVALID_ARGUMENT for an index out of range. */
 FLASH_STAGES_C_API int flash_stages_limits(int index, int* max_seq_q, int* paged, int* backward_atomic);
+
+/* Whether stage `stage` runs on CUDA device `device` with this build: FLASH_STAGES_SUCCESS, or the
+ * status that its calls would be refused with (FLASH_STAGES_ARCH_NOT_SUPPORTED for a GPU outside its
+ * compute capabilities, or for a build without the stage's architecture-specific code), with the
+ * message. No launch. */
+FLASH_STAGES_C_API int flash_stages_runs_here(int stage, int device, char* message, size_t message_bytes);
 
 /* The device workspace, in bytes, that one forward (backward) call of `stage` needs for this
  * problem; 0 for stages that need none. Sizes must be >= 1 and heads_q a multiple of heads_kv. */

@@ -1,5 +1,5 @@
-// The ideas of exercises 08, 09, 12 and 13 checked on the CPU, from the learner's own lines, so that
-// a machine without a GPU still judges them (exercises/README.md). The build copies the lines out of
+// The ideas of exercises 08, 09, 12, 13 and 14 checked on the CPU, from the learner's own lines, so
+// that a machine without a GPU still judges them (exercises/README.md). The build copies the lines out of
 // the exercise's file (scripts/checks/exercises.py extract; tests/CMakeLists.txt) into
 // exerciseNN_idea.inc, and each is included below into a host function that provides the names those
 // lines use. The bounds of the copy lie outside the TODO(exercise) blocks, so the same lines are found
@@ -7,6 +7,7 @@
 // Each test states the rule the lines must follow, not the stage's lines: any correct answer passes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <set>
@@ -217,6 +218,106 @@ TEST(exercise13, MergeOfSplitsByTheirLse) {
   check_merge({3, 0, 6, 1});                 // an empty split changes nothing
   check_merge({2, 5, 1, 7, 3, 4, 6, 2, 9, 1, 3});  // more than one batch of kMergeBatch
   check_merge({0, 0});                       // no key at all: O = 0, lse = -inf
+}
+
+// ---------------------------------------------------------------------------------------------
+// 14: the layout of dS^T in shared memory, which dQ's wgmma reads as dS
+// ---------------------------------------------------------------------------------------------
+
+namespace exercise14 {
+// The sizes of the stage's mainloop.cuh that the lines may use, with the stage's values.
+[[maybe_unused]] constexpr int kWarpgroupThreads = 128;
+[[maybe_unused]] constexpr int kWgmmaM = 64;
+[[maybe_unused]] constexpr int kWgmmaK = 16;
+[[maybe_unused]] constexpr int kElementBytes = 2;
+[[maybe_unused]] constexpr int kSwizzleBytes = 128;
+[[maybe_unused]] constexpr int kPanelCols = kSwizzleBytes / kElementBytes;
+[[maybe_unused]] constexpr int kAtomBytes = 8 * kSwizzleBytes;
+[[maybe_unused]] constexpr int kConsumers = 2;
+[[maybe_unused]] constexpr int kBlockCols = kConsumers * kWgmmaM;
+#include "exercise14_idea.inc"
+}  // namespace exercise14
+
+// What wgmma reads, written from the documents rather than from the stage: an MN-major operand in the
+// 128-byte swizzle (PTX ISA, wgmma's "Shared Memory Matrix Layout"; CUTLASS's Swizzle<3, 4, 3>) is,
+// per panel of 64 contiguous M elements (the descriptor's LBO apart: 128 key rows of 128 bytes), the
+// row-major address k * 128 + 2 m with its bits 4-6 (the 16-byte chunk) XORed with its bits 7-9 (the
+// row within its 1024-byte atom). For dQ = dS K, M is the query and k the key row of dS^T.
+int wgmma_ds_offset(int key_row, int query) {
+  constexpr int kPanelBytes = 128 * 128;
+  const int linear = key_row * 128 + (query % 64) * 2;
+  return (query / 64) * kPanelBytes + (linear ^ (((linear >> 7) & 7) << 4));
+}
+
+// The rules, at Br = block_rows queries (64 at head_dim 128, 128 at head_dim 64) by the block's 128
+// key rows: each 16-bit element gets 2 bytes of the buffer to itself; the two queries of a 32-bit word
+// of store_ds are adjacent, the word aligned; each store of a warp in store_ds (the kernel's mapping,
+// FragmentPlace: lane = 4 g + t writes key row 64 consumer + 16 warp + g + 8 h, queries 8 i + 2 t and
+// + 1) touches 32 different banks; and every element is where wgmma reads it.
+void check_ds_layout(int block_rows) {
+  const char* file = "exercises/14_hopper_backward/mainloop.cuh";
+  constexpr int kKeyRows = 128;
+  const int buffer_bytes = block_rows / 64 * kKeyRows * 128;
+  const std::string br = "exercise 14: Br " + std::to_string(block_rows) + ": ";
+  auto element = [](int key_row, int query) {
+    return "dS^T[" + std::to_string(key_row) + "][" + std::to_string(query) + "]";
+  };
+  std::vector<int> owner(buffer_bytes / 2, -1);  // key_row * block_rows + query of each 2-byte slot
+  for (int key_row = 0; key_row < kKeyRows; ++key_row)
+    for (int query = 0; query < block_rows; ++query) {
+      const int at = exercise14::ds_byte_offset(key_row, query);
+      ASSERT_TRUE(at >= 0 && at < buffer_bytes)
+          << br << element(key_row, query) << " lies at byte " << at << ", outside the buffer's " << buffer_bytes
+          << " bytes (" << block_rows / 64 << " panel(s) of 128 key rows of 128 bytes)" << see(file);
+      ASSERT_EQ(at % 2, 0) << br << element(key_row, query) << " lies at byte " << at
+                           << ": a 16-bit element takes two bytes from an even address" << see(file);
+      int& slot = owner[at / 2];
+      ASSERT_EQ(slot, -1) << br << element(slot / block_rows, slot % block_rows) << " and "
+                          << element(key_row, query) << " both lie at byte " << at
+                          << ": each element needs two bytes of its own" << see(file);
+      slot = key_row * block_rows + query;
+    }
+  for (int key_row = 0; key_row < kKeyRows; ++key_row)
+    for (int query = 0; query < block_rows; query += 2) {
+      const int at = exercise14::ds_byte_offset(key_row, query);
+      const int next = exercise14::ds_byte_offset(key_row, query + 1);
+      ASSERT_TRUE(at % 4 == 0 && next == at + 2)
+          << br << element(key_row, query) << " lies at byte " << at << " and " << element(key_row, query + 1)
+          << " at byte " << next << ": store_ds writes the two as one 32-bit word, so the second must follow the "
+          << "first, at an address that is a multiple of 4" << see(file);
+    }
+  for (int consumer = 0; consumer < 2; ++consumer)
+    for (int warp = 0; warp < 4; ++warp)
+      for (int i = 0; i < block_rows / 8; ++i)
+        for (int h = 0; h < 2; ++h) {
+          int lanes_per_bank[32] = {};
+          int worst = 0;
+          for (int lane = 0; lane < 32; ++lane) {
+            const int key_row = 64 * consumer + 16 * warp + lane / 4 + 8 * h, query = 8 * i + 2 * (lane % 4);
+            const int bank = exercise14::ds_byte_offset(key_row, query) / 4 % 32;
+            worst = std::max(worst, ++lanes_per_bank[bank]);
+          }
+          const int first_row = 64 * consumer + 16 * warp + 8 * h;
+          ASSERT_EQ(worst, 1) << br << "store_ds's store of warp " << warp << " of consumer " << consumer
+                              << " (key rows " << first_row << "-" << first_row + 7 << ", queries " << 8 * i << "-"
+                              << 8 * i + 7 << "): " << worst << " of its 32 lanes write one bank, so the store takes "
+                              << worst << " passes (32 words, 32 banks: each lane needs a bank of its own)"
+                              << see(file);
+        }
+  for (int key_row = 0; key_row < kKeyRows; ++key_row)
+    for (int query = 0; query < block_rows; ++query) {
+      const int at = exercise14::ds_byte_offset(key_row, query), wgmma = wgmma_ds_offset(key_row, query);
+      ASSERT_EQ(at, wgmma) << br << element(key_row, query) << " lies at byte " << at
+                           << ", but dQ's wgmma reads dS[" << query << "][" << key_row << "] at byte " << wgmma
+                           << " (an MN-major A in the 128-byte swizzle, the stage's descriptors: panels of 64 "
+                           << "queries 16384 bytes apart, 8-row groups 1024 bytes apart)" << see(file);
+    }
+}
+
+TEST(exercise14, DsLayoutIsWhatWgmmaReadsWithoutBankConflicts) {
+  check_ds_layout(64);
+  if (HasFatalFailure()) return;
+  check_ds_layout(128);
 }
 
 }  // namespace

@@ -864,6 +864,7 @@ TEST_P(Fp32StageBackward, GradientMatchesFiniteDifferencesOfForward) {
 TEST_P(StageBackward, WrongLseChangesGradients) {
   harness::Problem p = problem(tiny_problem(false));
   p.seq_q = p.seq_kv = 100;
+  p.head_dim = GetParam().head_dims.front();
   const harness::DeviceInputs dev(harness::make_inputs(p, kSeed), p.dtype);
   const registry::BackwardResult right = registry::run_backward(GetParam(), p, dev);
   const registry::BackwardResult wrong = registry::run_backward(GetParam(), p, dev, -std::log(2.0f));
@@ -927,12 +928,13 @@ TEST_P(AtomicStageBackward, AtomicModeAgreesWithDeterministicMode) {
     }
 }
 
-// O(N) memory: seq 65536, one head. The score matrix would be 16 GiB; the backward's workspace is
-// one float per query row, plus head_dim floats per row where dQ is summed with atomics.
+// O(N) memory: seq 65536, one head. The score matrix would be 16 GiB; the backward's workspace is at
+// most a few floats per query row (D, the lse in base 2, a counter per tile), plus head_dim floats per
+// row where dQ is summed with atomics.
 TEST_P(StageBackward, LongSequenceRunsInLinearMemory) {
   const harness::Problem p = problem({1, 1, 1, 65536, 65536, 64, false});
-  const size_t per_row = (GetParam().backward_atomic ? 1 + p.head_dim : 1) * sizeof(float);
-  EXPECT_EQ(GetParam().backward_workspace_bytes(p), p.seq_q * per_row);
+  const size_t per_row = (GetParam().backward_atomic ? 3 + p.head_dim : 1) * sizeof(float);
+  EXPECT_LE(GetParam().backward_workspace_bytes(p), p.seq_q * per_row);
   for (bool deterministic : {false, true}) {
     const registry::BackwardResult got = registry::run_backward(
         GetParam(), p, harness::DeviceInputs(harness::make_inputs(p, kSeed), p.dtype), 0.0f, deterministic);

@@ -227,10 +227,13 @@ TEST_P(StageWithBackward, BackwardWorkspaceIsLinear) {
   constexpr size_t kBatchHeads = 2 * 4, kMaxTileRows = 128;
   for (int seq : {1, 1000, 65536}) {
     const size_t rows = kBatchHeads * static_cast<size_t>(seq);
-    const size_t accum_rows = stage().backward_atomic ? rows + kBatchHeads * (kMaxTileRows - 1) : 0;
+    // Rows rounded up to whole tiles per head; at most three numbers per row (D, the lse in base 2, a
+    // counter) and, where dQ is summed with atomics, head_dim floats of its accumulator.
+    const size_t padded_rows = rows + kBatchHeads * (kMaxTileRows - 1);
+    const size_t accum_rows = stage().backward_atomic ? padded_rows : 0;
     const size_t bytes = stage().backward_workspace_size(2, 4, 2, seq, 3 * seq, 64);
     EXPECT_GE(bytes, rows * sizeof(float)) << "seq " << seq;
-    EXPECT_LE(bytes, (rows + accum_rows * 64) * sizeof(float) + 16) << "seq " << seq;
+    EXPECT_LE(bytes, (3 * padded_rows + accum_rows * 64) * sizeof(float) + 16) << "seq " << seq;
   }
   EXPECT_EQ(stage().backward_workspace_size(0, 4, 2, 10, 10, 64), 0u);
 }
@@ -445,7 +448,7 @@ TEST(stage13_decoding, RegistryEntry) {
   EXPECT_NE(s->forward_paged_workspace_size, nullptr);
   EXPECT_NE(registry::find(11), nullptr);
   EXPECT_NE(registry::find(12), nullptr);
-  EXPECT_EQ(registry::stage_numbers(), "1 to 13");
+  EXPECT_EQ(registry::stage_numbers(), "1 to 14");
   const float usual_scale = std::numeric_limits<float>::quiet_NaN();  // 1 / sqrt(head_dim)
   harness::Problem p{1, 32, 8, 16, 4096, 128, true, usual_scale, flash::DType::kBf16};
   EXPECT_TRUE(s->supports(p));
@@ -504,6 +507,58 @@ TEST(stage12_hopper, GpuCheckNeverSucceedsWithoutHopper) {
     if (s.code == flash::StatusCode::kArchNotSupported) {
       EXPECT_EQ(s.required, 90);
       EXPECT_NE(flash::to_string(s).find("has compute capability"), std::string::npos) << flash::to_string(s);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stage 14 (the Hopper backward): stage 12's forward, its own head_dims and workspace
+// ---------------------------------------------------------------------------------------------
+
+TEST(stage14_hopper_backward, RegistryEntry) {
+  const registry::Stage* s = registry::find(14);
+  ASSERT_NE(s, nullptr);
+  EXPECT_STREQ(s->folder, "14_hopper_backward");
+  EXPECT_EQ(s->head_dims, (std::vector<int>{64, 128}));
+  EXPECT_EQ(s->dtypes, (std::vector<flash::DType>{flash::DType::kBf16, flash::DType::kFp16}));
+  EXPECT_TRUE(s->causal);
+  EXPECT_EQ(s->forward, registry::find(12)->forward) << "stage 14's forward is stage 12's";
+  EXPECT_NE(s->backward, nullptr);
+  EXPECT_TRUE(s->backward_atomic);
+  EXPECT_EQ(s->min_compute_capability, 90);
+  EXPECT_EQ(s->max_compute_capability, 90);
+  EXPECT_NE(s->check_gpu, nullptr);
+  // The workspace: per query row (seq_q rounded up to 128 per head) the base-2 lse, D and head_dim
+  // floats of the dQ accumulator, then one counter per 64 rows.
+  EXPECT_EQ(s->backward_workspace_size(1, 1, 1, 3, 5, 64), 128u * (2u + 64u) * sizeof(float) + 2u * sizeof(int));
+  EXPECT_EQ(s->backward_workspace_size(2, 8, 2, 1000, 7, 128),
+            16u * 1024u * (2u + 128u) * sizeof(float) + 16u * 16u * sizeof(int));
+}
+
+TEST(stage14_hopper_backward, RefusesHeadDim32ByName) {
+  const registry::Stage& s = *registry::find(14);
+  for (int d : {32, 48}) {
+    BackwardCall c(s);
+    c.head_dim = d;
+    c.backward_workspace_bytes = s.backward_workspace_size(c.batch, c.heads_q, c.heads_kv, c.seq_q, c.seq_kv, d);
+    expect_refused([&] { return c.run(s); }, flash::StatusCode::kHeadDimNotSupported,
+                   "head_dim = " + std::to_string(d) + " (supported: 64, 128)");
+  }
+}
+
+// Without a Hopper GPU, the check of the GPU never claims the GPU is fine.
+TEST(stage14_hopper_backward, GpuCheckNeverSucceedsWithoutHopper) {
+  int device = 0, major = 0;
+  const bool hopper = cudaGetDevice(&device) == cudaSuccess &&
+                      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                      major == 9;
+  cudaGetLastError();
+  const flash::Status s = registry::find(14)->check_gpu();
+  cudaGetLastError();
+  if (!hopper) {
+    EXPECT_FALSE(s.ok());
+    if (s.code == flash::StatusCode::kArchNotSupported) {
+      EXPECT_EQ(s.required, 90);
     }
   }
 }

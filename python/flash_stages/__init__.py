@@ -5,7 +5,7 @@
         print(s.number, s.name, s.lesson)
     o, lse = flash_stages.forward(q, k, v, stage=6, causal=True)
     dq, dk, dv = flash_stages.backward(q, k, v, o, lse, do, stage=7)    # stages with a backward
-    o = flash_stages.attention(q, k, v, causal=True)                    # differentiable
+    o = flash_stages.attention(q, k, v, causal=True)                    # differentiable (12 + 14 on an H100)
     o, lse = flash_stages.forward(q1, k, v, stage=13)                   # decoding: q1 of 1 to 16 rows
     o, lse = flash_stages.decode_paged(q1, k_pages, v_pages, page_table, cache_lens)  # a paged KV cache
 
@@ -21,7 +21,7 @@ the tensors' device and PyTorch's current stream.
 
 import sys as _sys
 
-from ._lib import ABI_VERSION, Stage, StageError, get_stage, library_path, stages
+from ._lib import ABI_VERSION, Stage, StageError, get_stage, library_path, runs_here, stages
 from ._api import attention, backward, decode_paged, default_stage, forward
 from ._lib import paged_workspace_bytes as _paged_workspace_bytes
 from ._lib import workspace_bytes as _workspace_bytes
@@ -45,6 +45,7 @@ __all__ = [
     "forward_workspace_bytes",
     "get_stage",
     "library_path",
+    "runs_here",
     "stages",
 ]
 

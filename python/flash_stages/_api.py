@@ -291,7 +291,8 @@ def attention_stage(torch, q, k, v, stage, causal, devices=_FAKE):
         return _lib.get_stage(stage), False
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(torch, name, t, devices)
-    return default_stage(q.dtype, q.shape[-1], _check_causal(causal), seq_q=q.shape[2]), True
+    device = q.device.index if q.device.type == "cuda" else None
+    return default_stage(q.dtype, q.shape[-1], _check_causal(causal), seq_q=q.shape[2], device=device), True
 
 
 def run_attention(torch, q, k, v, stage, causal, scale, deterministic):
@@ -508,18 +509,24 @@ def backward(q, k, v, o, lse, do, *, stage, causal=False, scale=None, determinis
         return _operators(torch).backward(q, k, v, o, lse, do, number, causal, scale, deterministic)
 
 
-# Stages whose code runs on one GPU architecture only (12: Hopper's sm_90a); attention() does not pick
-# them by default, since it must run on any GPU. Ask for one with stage=12.
-_ARCHITECTURE_SPECIFIC_STAGES = (12,)
+# Stages whose code runs on one GPU architecture only (12 and 14: Hopper's sm_90a). attention() picks
+# them by default only on a GPU where they run (device given and _lib.runs_here), so that the same
+# call works on any GPU and is fastest on an H100.
+_ARCHITECTURE_SPECIFIC_STAGES = (12, 14)
 
 
-def default_stage(dtype, head_dim, causal, seq_q=None):
+def default_stage(dtype, head_dim, causal, seq_q=None, device=None):
     """The stage attention() uses: the latest with a backward that supports the problem, else the
     latest that supports its forward. seq_q (the query rows per head), when given, leaves out a stage
-    that takes fewer (the decoding stage takes 16). Stages that run on one GPU architecture only (12)
-    are left out. Raises naming what no stage supports."""
-    all_stages = [s for s in _lib.stages()
-                  if s.supports(seq_q=seq_q) and s.number not in _ARCHITECTURE_SPECIFIC_STAGES]
+    that takes fewer (the decoding stage takes 16). Stages that run on one GPU architecture only (12,
+    14) are candidates only where device (a CUDA device index or torch.device) is given and they run
+    there: on an H100, stage 14, whose forward is stage 12's. Raises naming what no stage supports."""
+    index = getattr(device, "index", device)
+    def usable(s):
+        if s.number not in _ARCHITECTURE_SPECIFIC_STAGES:
+            return True
+        return index is not None and _lib.runs_here(s.number, index)
+    all_stages = [s for s in _lib.stages() if s.supports(seq_q=seq_q) and usable(s)]
     name = str(dtype).replace("torch.", "")
     fits = [s for s in all_stages if s.supports(dtype=name)]
     if not fits:
@@ -542,8 +549,8 @@ def attention(q, k, v, *, causal=False, scale=None, stage=None, deterministic=Fa
     Arguments as in forward(); returns o. stage=None picks the latest stage with a backward that
     supports the dtype, head_dim and causality (or, where none has a backward yet, the latest that
     supports the forward: then the forward works and the backward raises RuntimeError, under
-    torch.compile when the graph is compiled): in fp16 and bf16 that is stage 11, whose forward is
-    stage 10's; in fp32 stage 07. deterministic is passed to the backward (see backward()). Inputs
+    torch.compile when the graph is compiled): in fp16 and bf16 that is stage 14 on an H100 (whose
+    forward is stage 12's) and stage 11 elsewhere (whose forward is stage 10's); in fp32 stage 07. deterministic is passed to the backward (see backward()). Inputs
     must be contiguous: call .contiguous() on a transposed view first. The operator
     flash_stages::attention (which also returns lse), with flash_stages::backward as its gradient.
     """

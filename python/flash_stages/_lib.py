@@ -7,6 +7,7 @@ has not been built (and says so, with the fix, when it is first needed).
 
 import ctypes
 import dataclasses
+import functools
 import operator
 import os
 import sys
@@ -24,7 +25,7 @@ __all__ = [
 ]
 
 # Must equal FLASH_STAGES_C_ABI_VERSION in flash_stages_c.h.
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # Status codes of flash_stages_c.h (the values of flash::StatusCode).
 SUCCESS = 0
@@ -165,6 +166,8 @@ def _declare(lib):
     lib.flash_stages_backward.restype = c_int
     lib.flash_stages_limits.argtypes = [c_int, c_int_p, c_int_p, c_int_p]
     lib.flash_stages_limits.restype = c_int
+    lib.flash_stages_runs_here.argtypes = [c_int, c_int] + msg
+    lib.flash_stages_runs_here.restype = c_int
     # batch, heads_q, heads_kv, seq_q, head_dim, page_size, max_pages_per_seq
     lib.flash_stages_forward_paged_workspace_size.argtypes = [c_int] + [c_int] * 7 + [ctypes.POINTER(c_size_t)] + msg
     lib.flash_stages_forward_paged_workspace_size.restype = c_int
@@ -329,3 +332,12 @@ def paged_stage_list():
 def backward_stage_list():
     with_backward = [str(s.number) for s in stages() if s.backward]
     return ", ".join(with_backward) if with_backward else "none yet"
+
+
+@functools.lru_cache(maxsize=None)
+def runs_here(stage, device):
+    """Whether stage number `stage` runs on CUDA device index `device` with this build (its compute
+    capabilities, and for the Hopper stages whether the library has their sm_90a code). No launch;
+    asked once per stage and device."""
+    msg = message_buffer()
+    return lib().flash_stages_runs_here(stage, device, msg, len(msg)) == 0

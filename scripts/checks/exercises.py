@@ -26,7 +26,7 @@ names its lesson section: `Lesson: stages/NN_name/README.md, "Section title"`.
   - solved when it is its stage byte for byte (the blocks replaced by the stage's lines, markers
     gone, as exercises/README.md says); a file that holds no idea of the stage is always this;
   - drift otherwise, a problem: the stage changed (`refresh`), or a solution differs from the stage.
-And every stage, 01-13, has an exercise folder with at least one file that has or had a block.
+And every stage, 01-14, has an exercise folder with at least one file that has or had a block.
 It writes nothing. Exit 0 when all is well, 1 with one line per problem.
 
 `refresh` rewrites each exercise from its stage, keeping the exercise's TODO blocks: the stage's
@@ -44,12 +44,13 @@ END = re.compile(r"^\s*// END TODO\(exercise\)\s*$")
 LESSON = re.compile(r'Lesson: (stages/[\w.-]+/README\.md), ("[^"]+"(?:(?:,| and) "[^"]+")*)')
 HEADING = re.compile(r"^#{1,6}\s+(.*?)\s*$")
 # The stages that have an exercise: all of them.
-EXERCISE_STAGES = range(1, 14)
+EXERCISE_STAGES = range(1, 15)
 
 # The lines of each idea that has a CPU test (tests/test_exercise_ideas.cpp): in the named file, the
 # lines strictly between the first line that contains `start` (after the first that contains `after`,
-# where given) and the next line that contains `end`. The bounds lie outside the TODO blocks, so the
-# same lines are found in the exercise as shipped, as the learner solved it, and in the stage.
+# where given) and the next line that contains `end` (with start_exact or end_exact: that is the
+# whole line, trailing spaces aside). The bounds lie outside the TODO blocks, so the same lines are
+# found in the exercise as shipped, as the learner solved it, and in the stage.
 IDEAS = {
     8: {"file": "tensor_cores.cu", "start": "const int lane = threadIdx.x % 32;",
         "end": "const int warp_row = warp * kWarpRows;"},
@@ -59,6 +60,10 @@ IDEAS = {
          "end": "// The producer: one thread issues every copy"},
     13: {"file": "decoding_kernel.cuh", "after": "merge_kernel(", "start": "tensor_core::grid_dependency_wait();",
          "end": "const float inv = flash::softmax_normalizer(stats);"},
+    # ds_byte_offset, whole: from the closing brace of the function before it to the comment of the one
+    # after it.
+    14: {"file": "mainloop.cuh", "after": "inline void to_a_fragments(", "start": "}", "start_exact": True,
+         "end": "// dS^T into shared memory for dQ"},
 }
 
 
@@ -284,7 +289,8 @@ def extract(number, source, out):
     if "after" in idea:
         while i < len(lines) and idea["after"] not in lines[i]:
             i += 1
-    while i < len(lines) and idea["start"] not in lines[i]:
+    starts = (lambda l: l.rstrip() == idea["start"]) if idea.get("start_exact") else (lambda l: idea["start"] in l)
+    while i < len(lines) and not starts(lines[i]):
         i += 1
     first = i if idea.get("keep_start") else i + 1
     j = i + 1

@@ -1,0 +1,214 @@
+// Stage 14's main kernel: dK and dV of one K/V tile, and that tile's share of dQ, on wgmma.
+// mainloop.cuh holds its pieces; this file is the order they run in.
+//
+// One block per K/V tile of 128 keys of one K/V head, 3 warpgroups: two consumers, 64 keys each, and
+// a producer warpgroup, one thread of which loads K and V once and then streams Q, dO and their rows'
+// lse and D through two buffers (TMA, mbarriers), as stage 12's producer streams K and V; a second
+// warp of it adds dQ. Per step (a
+// query tile of one query head of the group), each consumer warpgroup:
+//   1. S^T = K Q^T and dP^T = V dO^T on the tensor cores (two wgmma groups; P^T is computed while
+//      dP^T is still running);
+//   2. P^T and dS^T = P^T o (dP^T - D) in registers;
+//   3. dV += P^T dO and dK += dS^T Q, with P^T and dS^T as register A operands, while it writes
+//      dS^T to shared memory;
+//   4. after the two warpgroups meet, its 64 x 64 share of dQ = dS K, staged in shared memory; the
+//      dQ warp (a warp of the producer warpgroup) hands the block's dQ share to the copy engine, which
+//      adds it to the fp32 accumulator in global memory (cp.reduce.async.bulk .add.f32).
+// With kDeterministic the adds to each query tile's accumulator happen in a fixed order (dq_add_rank):
+// the thread waits for a counter per query tile to reach its block's place in that order before it
+// issues the add, and counts its own add once the copy engine has written it. dK and dV are summed in registers over the query heads
+// of the GQA group and written once, at the end.
+#pragma once
+
+#include "mainloop.cuh"
+
+namespace stage14 {
+
+// setmaxnreg counts: 384 threads get 65536 / 384 = 170, rounded down to 168 (__launch_bounds__(384,
+// 1)); the producer warpgroup keeps 24, the two consumers take 240 (2 x 128 x 240 + 128 x 24 = 64512
+// of the 65536).
+constexpr int kProducerRegisters = 24;
+constexpr int kConsumerRegisters = 240;
+// The producer warpgroup's warps: warp 0 loads, warp 1 adds dQ; the other two only give registers back.
+constexpr int kLoadWarp = 0;
+constexpr int kDqWarp = 1;
+
+// Deterministic mode: spins until `counter` (in global memory) reaches `expected`, acquire; then
+// orders what it saw before this thread's next async-proxy access (the copy engine's add).
+__device__ inline void wait_for_count(const int* counter, int expected) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
+  } while (seen < expected);
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// Counts one add, with release semantics: the copy engine's writes (waited for by bulk_wait<0>,
+// then ordered before the generic proxy by fence.proxy.async.global) before the count.
+__device__ inline void count_add(int* counter) {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+}
+
+// The dQ warp: for each step, once the consumers have staged the block's share of dQ, lane 0 hands it
+// to the copy engine, which adds it to the query tile's accumulator in global memory; once the engine
+// has read the staging buffer, the warp frees it for the next step's shares. Deterministic: the add
+// waits for its turn (dq_add_rank) and is counted once written.
+template <class Tiles, bool kCausal, bool kDeterministic>
+__device__ void add_dq_shares(float* staging, const BlockWork& work, const ProblemShape& problem, float* dq_accum,
+                              int* dq_counters) {
+  using L = SharedLayout<Tiles>;
+  const int lane = threadIdx.x % 32;
+  const int num_q_tiles_per_head = problem.padded_seq_q / Tiles::kBlockRows;
+  const int steps = work.steps();
+  hopper::named_barrier_arrive<kDqFreeBarrier, kDqBarrierThreads>();  // the buffer starts empty
+  for (int n = 0; n < steps; ++n) {
+    int q_bh, q_tile;
+    work.step(n, q_bh, q_tile);
+    hopper::named_barrier_sync<kDqStagedBarrier, kDqBarrierThreads>();
+    if (lane == 0) {
+      const long long tile = static_cast<long long>(q_bh) * num_q_tiles_per_head + q_tile;
+      if constexpr (kDeterministic) wait_for_count(dq_counters + tile, dq_add_rank<Tiles, kCausal>(work, problem, q_tile));
+      tensor_core::bulk_reduce_add_f32(dq_accum + tile * L::kDqFloats, staging, L::kDqFloats * 4);
+      hopper::bulk_commit();
+      if constexpr (kDeterministic) {
+        hopper::bulk_wait<0>();
+        count_add(dq_counters + tile);
+      } else {
+        hopper::bulk_wait_read<0>();
+      }
+    }
+    __syncwarp();
+    if (n + 1 < steps) hopper::named_barrier_arrive<kDqFreeBarrier, kDqBarrierThreads>();
+  }
+  if (lane == 0) hopper::bulk_wait<0>();  // the last add written before the block's shared memory goes
+}
+
+// q_map, k_map, v_map, do_map: 3-D tensor maps (head_dim, sequence, batch x heads) over q, k, v, d_o
+// with boxes of (64, Br or 128, 1), 128-byte swizzle. lse2, d, dq_accum, dq_counters: the workspace
+// that steps.cuh's first kernel filled (the base-2 lse and D per row, the zeroed accumulator and
+// counters). dk, dv: [batch, heads_kv, seq_kv, head_dim].
+template <typename Element, int kHeadDim, bool kCausal, bool kDeterministic>
+__global__ void __launch_bounds__(kThreads, 1)
+    backward_kernel(const __grid_constant__ CUtensorMap q_map, const __grid_constant__ CUtensorMap k_map,
+                    const __grid_constant__ CUtensorMap v_map, const __grid_constant__ CUtensorMap do_map,
+                    const float* lse2, const float* d, float* dq_accum, int* dq_counters, Element* dk, Element* dv,
+                    ProblemShape problem) {
+#if FLASH_HOPPER_SM90A
+  using Tiles = BackwardTiles<kHeadDim>;
+  constexpr int kBlockRows = Tiles::kBlockRows;
+  static_assert(sizeof(Element) == kElementBytes, "16-bit elements");
+  extern __shared__ unsigned char shared_raw[];
+  const Smem<Element, Tiles> sm(shared_raw);
+  init_barriers(sm);
+  const BlockWork work = block_work<Tiles, kCausal, kDeterministic>(problem);
+  // The warpgroup index as lane 0 has it, so that ptxas knows it is the same in every lane (stage 12's
+  // uniform_warpgroup).
+  const int warpgroup = __shfl_sync(tensor_core::kFullWarp, threadIdx.x / kWarpgroupThreads, 0);
+
+  if (warpgroup == kConsumers) {
+    hopper::setmaxnreg_dec<kProducerRegisters>();
+    const int warp = (threadIdx.x % kWarpgroupThreads) / 32;
+    if (warp == kLoadWarp && threadIdx.x % 32 == 0)
+      produce<Element, Tiles>(sm, work, problem, &q_map, &k_map, &v_map, &do_map, lse2, d);
+    if (warp == kDqWarp) add_dq_shares<Tiles, kCausal, kDeterministic>(sm.dq(), work, problem, dq_accum, dq_counters);
+    return;
+  }
+  hopper::setmaxnreg_inc<kConsumerRegisters>();
+  const int thread = threadIdx.x % kWarpgroupThreads;
+  const int lane = thread % 32;
+  const FragmentPlace at(warpgroup, thread);
+  float acc_dk[kHeadDim / 2] = {};
+  float acc_dv[kHeadDim / 2] = {};
+  mbarrier_wait(sm.kv_full(), 0);
+
+  auto step = [&](int n, auto masked) {
+    int q_bh, q_tile;
+    work.step(n, q_bh, q_tile);
+    const int s = stage_of(n);
+    const uint32_t parity = parity_of(n);
+    const int first_row = q_tile * kBlockRows;
+    float s_t[kBlockRows / 2];
+    float dp_t[kBlockRows / 2];
+    // 1. S^T and dP^T.
+    mbarrier_wait(sm.q_full(s), parity);
+    wgmma_fence();
+    issue_transposed_scores<Element, Tiles>(s_t, sm.k(0), sm.q(s, 0), warpgroup);
+    wgmma_commit_group();
+    mbarrier_wait(sm.do_full(s), parity);
+    issue_transposed_scores<Element, Tiles>(dp_t, sm.v(0), sm.d_o(s, 0), warpgroup);
+    wgmma_commit_group();
+    // 2. P^T while dP^T runs, then dS^T.
+    wgmma_wait_group<1>();
+    fence_registers(s_t);
+    probabilities<Tiles, kCausal, decltype(masked)::value>(s_t, sm.lse2(s), at, work.first_key, first_row, problem);
+    wgmma_wait_group<0>();
+    fence_registers(dp_t);
+    score_gradients<Tiles>(dp_t, s_t, sm.d(s), at);
+    uint32_t p_frag[kBlockRows / 16][4], ds_frag[kBlockRows / 16][4];
+    to_a_fragments<Element, kBlockRows>(s_t, p_frag);
+    to_a_fragments<Element, kBlockRows>(dp_t, ds_frag);
+    // 3. dV and dK; dS^T to shared memory meanwhile.
+    wgmma_fence();
+    issue_key_gradient<Element, Tiles>(acc_dv, p_frag, sm.d_o(s, 0));
+    issue_key_gradient<Element, Tiles>(acc_dk, ds_frag, sm.q(s, 0));
+    wgmma_commit_group();
+    store_ds<Element, Tiles>(sm, n, ds_frag, at);
+    hopper::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
+    hopper::named_barrier_sync<kDsWrittenBarrier, kConsumerThreads>();
+    // 4. The warpgroup's share of dQ, staged for the dQ warp.
+    float acc_dq[kWgmmaM / 2];
+    wgmma_fence();
+    issue_dq_share<Element, Tiles>(acc_dq, sm, n, warpgroup);
+    wgmma_commit_group();
+    wgmma_wait_group<0>();
+    fence_registers(acc_dq);
+    fence_registers(acc_dk);
+    fence_registers(acc_dv);
+    fence_registers(p_frag);
+    fence_registers(ds_frag);
+    release(sm.empty(s), lane);  // every product that read Q and dO is done
+    float* staging = sm.dq();
+    hopper::named_barrier_sync<kDqFreeBarrier, kDqBarrierThreads>();
+#pragma unroll
+    for (int j = 0; j < kWgmmaM / 8; ++j)
+      *reinterpret_cast<float4*>(staging + dq_share_offset(warpgroup, j, thread)) =
+          make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
+    hopper::fence_proxy_async_shared();  // the staging stores, before the copy engine reads them
+    hopper::named_barrier_arrive<kDqStagedBarrier, kDqBarrierThreads>();
+  };
+
+  const int steps = work.steps();
+  for (int n = 0; n < steps; ++n) {
+    int q_bh, q_tile;
+    work.step(n, q_bh, q_tile);
+    if (needs_mask<Tiles, kCausal>(problem, work.first_key, q_tile))
+      step(n, Masked{});
+    else
+      step(n, Unmasked{});
+  }
+
+  // dK = scale * sum dS^T Q and dV, rounded to Element; rows past seq_kv are not written.
+  const long long kv_row0 = static_cast<long long>(work.kv_bh) * problem.seq_kv;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = work.first_key + at.key0 + 8 * h;
+    if (key >= problem.seq_kv) continue;
+    Element* dk_row = dk + (kv_row0 + key) * kHeadDim;
+    Element* dv_row = dv + (kv_row0 + key) * kHeadDim;
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 8; ++i) {
+      const int col = 8 * i + 2 * at.t;
+      *reinterpret_cast<uint32_t*>(dk_row + col) =
+          pack2<Element>(acc_dk[4 * i + 2 * h] * problem.scale, acc_dk[4 * i + 2 * h + 1] * problem.scale);
+      *reinterpret_cast<uint32_t*>(dv_row + col) = pack2<Element>(acc_dv[4 * i + 2 * h], acc_dv[4 * i + 2 * h + 1]);
+    }
+  }
+#else
+  // Compiled for another target: never launched (stage14::check_gpu refuses first).
+  (void)q_map, (void)k_map, (void)v_map, (void)do_map, (void)lse2, (void)d, (void)dq_accum, (void)dq_counters,
+      (void)dk, (void)dv, (void)problem;
+#endif
+}
+
+}  // namespace stage14
