@@ -490,10 +490,18 @@ static int run(const Options& opt) {
         std::printf("\nexercise %02d: FAIL: fill in the TODO(exercise) lines of %s (lesson: stages/%s/README.md);\n"
                     "ctest --test-dir build -L exercise%02d --output-on-failure says where it differs\n",
                     e.number, e.exercise_file, e.folder, e.number);
-      else if (e.backward)
+      else if (e.backward) {
+        // The stage whose forward this is: the first with it (07's own; 10's for 11, 12's for 14).
+        int forward_stage = e.number;
+        for (const registry::Stage& s : registry::stages())
+          if (s.forward == e.forward) {
+            forward_stage = s.number;
+            break;
+          }
         std::printf("\nexercise %02d: this checks the forward only, which is stage %02d's; your backward in %s is\n"
                     "checked by ctest --test-dir build -L exercise%02d\n",
-                    e.number, e.number, e.exercise_file, e.number);
+                    e.number, forward_stage, e.exercise_file, e.number);
+      }
       else if (e.causal && !p.causal)
         std::printf("\nexercise %02d: PASS without the causal mask your lines are about; run it with --causal\n",
                     e.number);

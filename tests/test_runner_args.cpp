@@ -103,7 +103,7 @@ INSTANTIATE_TEST_SUITE_P(
         // Exercises: one of the stages that have one, alone, held to what its stage accepts. The
         // tests' build compiles them into the registry (CMakeLists.txt: FLASH_EXERCISES_BUILT).
         Refused{"--exercise 0", kExitUsage, "--exercise 0: out of range"},
-        Refused{"--exercise 14", kExitUsage, "--exercise 14: no such exercise (1 to "},
+        Refused{"--exercise 15", kExitUsage, "--exercise 15: no such exercise (1 to "},
         Refused{"--exercise 3 --stage 2", kExitUsage, "--stage 2 --exercise 3: one or the other"},
         Refused{"--exercise 3 --causal", kExitCannotRun, "--causal: exercise 3 has no causal mask"},
         Refused{"--exercise 5 --head-dim 48", kExitCannotRun, "--head-dim 48: exercise 5 does not support it"},

@@ -61,11 +61,11 @@ __device__ void add_dq_shares(float* staging, const BlockWork& work, const Probl
   const int lane = threadIdx.x % 32;
   const int num_q_tiles_per_head = problem.padded_seq_q / Tiles::kBlockRows;
   const int steps = work.steps();
-  hopper::named_barrier_arrive<kDqFreeBarrier, kDqBarrierThreads>();  // the buffer starts empty
+  hopper::named_barrier_arrive<kDqFreeBarrier, kConsumersAndWarp>();  // the buffer starts empty
   for (int n = 0; n < steps; ++n) {
     int q_bh, q_tile;
     work.step(n, q_bh, q_tile);
-    hopper::named_barrier_sync<kDqStagedBarrier, kDqBarrierThreads>();
+    hopper::named_barrier_sync<kDqStagedBarrier, kConsumersAndWarp>();
     if (lane == 0) {
       const long long tile = static_cast<long long>(q_bh) * num_q_tiles_per_head + q_tile;
       if constexpr (kDeterministic) wait_for_count(dq_counters + tile, dq_add_rank<Tiles, kCausal>(work, problem, q_tile));
@@ -79,7 +79,7 @@ __device__ void add_dq_shares(float* staging, const BlockWork& work, const Probl
       }
     }
     __syncwarp();
-    if (n + 1 < steps) hopper::named_barrier_arrive<kDqFreeBarrier, kDqBarrierThreads>();
+    if (n + 1 < steps) hopper::named_barrier_arrive<kDqFreeBarrier, kConsumersAndWarp>();
   }
   if (lane == 0) hopper::bulk_wait<0>();  // the last add written before the block's shared memory goes
 }
@@ -109,19 +109,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == kConsumers) {
     hopper::setmaxnreg_dec<kProducerRegisters>();
     const int warp = (threadIdx.x % kWarpgroupThreads) / 32;
-    if (warp == kLoadWarp && threadIdx.x % 32 == 0)
+    if (warp == kLoadWarp)
       produce<Element, Tiles>(sm, work, problem, &q_map, &k_map, &v_map, &do_map, lse2, d);
     if (warp == kDqWarp) add_dq_shares<Tiles, kCausal, kDeterministic>(sm.dq(), work, problem, dq_accum, dq_counters);
     return;
   }
   hopper::setmaxnreg_inc<kConsumerRegisters>();
   const int thread = threadIdx.x % kWarpgroupThreads;
-  const int lane = thread % 32;
   const FragmentPlace at(warpgroup, thread);
   float acc_dk[kHeadDim / 2] = {};
   float acc_dv[kHeadDim / 2] = {};
   mbarrier_wait(sm.kv_full(), 0);
 
+  const int steps = work.steps();
   auto step = [&](int n, auto masked) {
     int q_bh, q_tile;
     work.step(n, q_bh, q_tile);
@@ -167,18 +167,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     fence_registers(acc_dv);
     fence_registers(p_frag);
     fence_registers(ds_frag);
-    release(sm.empty(s), lane);  // every product that read Q and dO is done
+    // Every product that read Q and dO is done, and lse and D were read: the load warp may refill the
+    // stage (it waits only for the stages it loads again).
+    if (n + kStages < steps) stage_free_arrive(s);
     float* staging = sm.dq();
-    hopper::named_barrier_sync<kDqFreeBarrier, kDqBarrierThreads>();
+    hopper::named_barrier_sync<kDqFreeBarrier, kConsumersAndWarp>();
 #pragma unroll
     for (int j = 0; j < kWgmmaM / 8; ++j)
       *reinterpret_cast<float4*>(staging + dq_share_offset(warpgroup, j, thread)) =
           make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
     hopper::fence_proxy_async_shared();  // the staging stores, before the copy engine reads them
-    hopper::named_barrier_arrive<kDqStagedBarrier, kDqBarrierThreads>();
+    hopper::named_barrier_arrive<kDqStagedBarrier, kConsumersAndWarp>();
   };
 
-  const int steps = work.steps();
   for (int n = 0; n < steps; ++n) {
     int q_bh, q_tile;
     work.step(n, q_bh, q_tile);

@@ -55,17 +55,24 @@ constexpr int kConsumerThreads = kConsumers * kWarpgroupThreads;
 // warp (a warp of the producer warpgroup), around the staging buffer: the consumers arrive when their
 // shares are in it and wait until the copy engine has read the last ones out; the dQ warp the other
 // way round.
+// Stage free (one per Q/dO stage): the consumers, after their last read of a stage's buffers, and
+// the load warp, before it loads the stage again: a named barrier rather than an mbarrier, because
+// the consumers read the stage's lse and D with ordinary loads, and compute-sanitizer's racecheck
+// orders those before the next copy into them through a named barrier (bar.arrive, bar.sync) but not
+// through an mbarrier's arrive and wait.
 constexpr int kDsWrittenBarrier = 1;
 constexpr int kDqStagedBarrier = 2;
 constexpr int kDqFreeBarrier = 3;
-constexpr int kDqBarrierThreads = kConsumerThreads + 32;
+constexpr int kStageFreeBarrier = 4;  // and 5
+constexpr int kConsumersAndWarp = kConsumerThreads + 32;  // the consumers and the dQ or the load warp
 
 // The query rows per step (Br) at each head_dim, from the register budget of a consumer thread (240,
 // setmaxnreg): dK and dV take d / 2 floats each, S^T and dP^T Br / 2 each, dQ's share 32:
 //   head_dim 128, Br = 64:  64 + 64 + 32 + 32 + 32 = 224
 //   head_dim 64,  Br = 128: 32 + 32 + 64 + 64 + 32 = 224
 // (the dQ share is not live at the same time as all of S^T and dP^T, so the peak is lower). The
-// shared memory (SharedLayout) fits with two Q/dO stages either way: 177 and 161 KiB.
+// shared memory (SharedLayout) fits with two Q/dO stages and two dS buffers either way: 198696 and
+// 199720 bytes of the H100's 232448 per block, alignment slack included.
 // dQ's share is 64 x 64 per warpgroup: at head_dim 128, Br = 64 queries by half of head_dim each (the
 // warpgroup's panel of K); at head_dim 64, half of the 128 queries each by all of head_dim.
 template <int kHeadDim_>
@@ -105,8 +112,8 @@ struct SharedLayout {
   static constexpr int kLse = kDq + kDqFloats * 4;
   static constexpr int kD = kLse + kStages * kRowBytes;
   static constexpr int kBarriers = kD + kStages * kRowBytes;
-  // kv_full, then q_full, do_full and empty per stage: 8 bytes each.
-  static constexpr int kNumBarriers = 1 + 3 * kStages;
+  // kv_full, then q_full and do_full per stage: 8 bytes each.
+  static constexpr int kNumBarriers = 1 + 2 * kStages;
   static constexpr int kBytes = kBarriers + 8 * kNumBarriers;
   // Dynamic shared memory is only promised 16-byte alignment: ask for one atom more and round up.
   static constexpr size_t kDynamicBytes = static_cast<size_t>(kBytes) + kAtomBytes;
@@ -137,7 +144,6 @@ struct Smem {
   __device__ uint64_t* kv_full() const { return barriers(); }
   __device__ uint64_t* q_full(int s) const { return barriers() + 1 + s; }
   __device__ uint64_t* do_full(int s) const { return barriers() + 1 + kStages + s; }
-  __device__ uint64_t* empty(int s) const { return barriers() + 1 + 2 * kStages + s; }
 };
 
 // The n-th step of the block (a query tile of one query head) uses Q/dO buffer n % kStages; its
@@ -250,28 +256,47 @@ __device__ inline void init_barriers(const Smem<Element, Tiles>& sm) {
     for (int s = 0; s < kStages; ++s) {
       hopper::mbarrier_init(sm.q_full(s), 1);
       hopper::mbarrier_init(sm.do_full(s), 1);
-      hopper::mbarrier_init(sm.empty(s), kConsumerThreads / 32);  // one arrival per consumer warp
     }
     hopper::fence_barrier_init();
   }
   __syncthreads();
 }
 
-// The producer: one thread issues every copy. K and V once; then per step, into buffer n % kStages
-// once the consumers have released it (on the first pass every buffer is empty: parity 1 on a fresh
-// barrier returns at once), Q with its rows' lse on q_full and dO with their D on do_full, so that
-// S^T = K Q^T can start while dO is still in flight. lse2 and d: the workspace's per-row arrays
-// (padded_seq_q rows per query head, see steps.cuh).
+// The stage-free barrier of stage s: the consumers arrive (after step n's last read of the stage),
+// the load warp waits (before step n + kStages's copies into it). The ids are immediates (hopper.cuh
+// says why), hence the branch.
+__device__ inline void stage_free_arrive(int s) {
+  if (s == 0)
+    hopper::named_barrier_arrive<kStageFreeBarrier + 0, kConsumersAndWarp>();
+  else
+    hopper::named_barrier_arrive<kStageFreeBarrier + 1, kConsumersAndWarp>();
+}
+__device__ inline void stage_free_wait(int s) {
+  if (s == 0)
+    hopper::named_barrier_sync<kStageFreeBarrier + 0, kConsumersAndWarp>();
+  else
+    hopper::named_barrier_sync<kStageFreeBarrier + 1, kConsumersAndWarp>();
+}
+static_assert(kStages == 2, "one stage-free barrier per stage");
+
+// The producer: the load warp, whose lane 0 issues every copy. K and V once; then per step, into
+// buffer n % kStages once the consumers have freed it (the first kStages steps find their buffers
+// empty), Q with its rows' lse on q_full and dO with their D on do_full, so that S^T = K Q^T can start
+// while dO is still in flight. lse2 and d: the workspace's per-row arrays (padded_seq_q rows per query
+// head, see steps.cuh).
 template <typename Element, class Tiles>
 __device__ void produce(const Smem<Element, Tiles>& sm, const BlockWork& w, const ProblemShape& problem,
                         const CUtensorMap* q_map, const CUtensorMap* k_map, const CUtensorMap* v_map,
                         const CUtensorMap* do_map, const float* lse2, const float* d) {
   using L = SharedLayout<Tiles>;
-  mbarrier_arrive_expect_tx(sm.kv_full(), 2 * L::kKVBytes);
+  const bool issuer = threadIdx.x % 32 == 0;
+  if (issuer) {
+    mbarrier_arrive_expect_tx(sm.kv_full(), 2 * L::kKVBytes);
 #pragma unroll
-  for (int p = 0; p < Tiles::kPanels; ++p) {
-    tma_load_3d(sm.k(p), k_map, sm.kv_full(), p * kPanelCols, w.first_key, w.kv_bh);
-    tma_load_3d(sm.v(p), v_map, sm.kv_full(), p * kPanelCols, w.first_key, w.kv_bh);
+    for (int p = 0; p < Tiles::kPanels; ++p) {
+      tma_load_3d(sm.k(p), k_map, sm.kv_full(), p * kPanelCols, w.first_key, w.kv_bh);
+      tma_load_3d(sm.v(p), v_map, sm.kv_full(), p * kPanelCols, w.first_key, w.kv_bh);
+    }
   }
   const int steps = w.steps();
   for (int n = 0; n < steps; ++n) {
@@ -280,7 +305,9 @@ __device__ void produce(const Smem<Element, Tiles>& sm, const BlockWork& w, cons
     const int s = stage_of(n);
     const int first_row = q_tile * Tiles::kBlockRows;
     const long long row_offset = static_cast<long long>(q_bh) * problem.padded_seq_q + first_row;
-    mbarrier_wait(sm.empty(s), parity_of(n) ^ 1);
+    __syncwarp();  // bar.sync is .aligned: the whole warp executes it together
+    if (n >= kStages) stage_free_wait(s);
+    if (!issuer) continue;
     mbarrier_arrive_expect_tx(sm.q_full(s), L::kQBytes + L::kRowBytes);
 #pragma unroll
     for (int p = 0; p < Tiles::kPanels; ++p) tma_load_3d(sm.q(s, p), q_map, sm.q_full(s), p * kPanelCols, first_row, q_bh);
@@ -332,13 +359,6 @@ __device__ inline void issue_dq_share(float (&acc)[kWgmmaM / 2], const Smem<Elem
   for (int ks = 0; ks < kBlockCols / kWgmmaK; ++ks)
     hopper::wgmma_ss<Element, kWgmmaM, 1, 1, 1>(acc, mn_major_descriptor<L::kDsPanelBytes>(ds_panel, ks),
                                                  mn_major_descriptor<L::kKVPanelBytes>(k_panel, ks), ks > 0);
-}
-
-// One arrival per consumer warp on an empty barrier: every warp has passed its own wgmma.wait_group,
-// so the warpgroup's products have finished reading the buffer.
-__device__ inline void release(uint64_t* empty_barrier, int lane) {
-  __syncwarp();
-  if (lane == 0) mbarrier_arrive(empty_barrier);
 }
 
 // The two instances of the step, as arguments to the kernel's lambda.

@@ -31,11 +31,15 @@ same on every machine.
                           buffers of the ring, the two consumers' turns on the tensor cores
   stage13_split_merge.svg stage 13: one sequence's keys split over blocks, the warps' 16-key slices of
                           a step, the partials (o, lse) and their merge by lse
+  stage14_backward_pipeline.svg  stage 14's main kernel: the load warp's copies and the dQ warp's bulk
+                          additions, the Q/dO stages, the two consumer warpgroups through one step, the
+                          dS^T and dQ staging buffers, and the named barriers between them
 """
 import argparse
 import pathlib
 import re
 import sys
+import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 OUT = ROOT / "docs/diagrams"
@@ -729,6 +733,144 @@ def stage12_pingpong_timeline(tiles=4):
     return svg
 
 
+def stage14_backward_pipeline(step=540):
+    """Stage 14's main kernel in its steady state: the producer warpgroup's two warps (the load warp's
+    TMA copies, the dQ warp's bulk additions), the Q/dO stages, the two consumer warpgroups through one
+    step, the dS^T buffers and the dQ staging buffer, with the named barriers between them. Widths are
+    schematic; the order of events is the kernel's (backward_kernel.cuh, mainloop.cuh's produce)."""
+    folder = STAGES[14]
+    c = {**constants(folder / "mainloop.cuh"), **constants(folder / "backward_kernel.cuh")}
+    group, keys, stages = c["kWarpgroupThreads"], c["kWgmmaM"], c["kStages"]
+    consumers, bc = c["kConsumers"], c["kBlockCols"]
+    ds_bar, staged_bar, free_bar = c["kDsWrittenBarrier"], c["kDqStagedBarrier"], c["kDqFreeBarrier"]
+    ds_threads, dq_threads = c["kConsumerThreads"], c["kDqBarrierThreads"]
+    if stages != 2 or consumers != 2:
+        raise RuntimeError("this diagram draws two Q/dO stages and two consumer warpgroups")
+    first, last = -0.4, 1.45  # the window, in steps: the end of step n-1, step n, the start of step n+1
+    x0 = 230
+    width = int(x0 + (last - first) * step + 30)
+    lanes = [("load warp (TMA)", 30), ("Q/dO stage s = n mod 2", 30), ("Q/dO stage s' (the other)", 30)]
+    for k in range(consumers):
+        lanes += [(f"consumer {k}: its wgmma", 26), (f"consumer {k}: its threads", 26)]
+    lanes += [("dSᵀ buffers (by step parity)", 30), ("dQ staging (fp32)", 30), ("dQ warp (lane 0)", 30)]
+    top, gap, apart = 130, 8, 14  # apart: more room above the consumers, for the release's label
+    bottom = top + sum(height + gap for _, height in lanes) + apart
+    notes = [
+        f"mbarriers: q_full[s] and do_full[s] (the load warp's arrive.expect_tx, then the bytes of Q with its lse, "
+        f"of dO with its D), for which the consumers wait before Sᵀ and before dPᵀ; empty[s] ({ds_threads // 32} "
+        "arrivals, one per consumer warp, once the step's last product has read the stage), for which the load "
+        "warp waits before it loads the stage again.",
+        f"bar {ds_bar} (bar.sync, {ds_threads} threads: both consumers): each dQ share reads the dSᵀ rows of both "
+        f"consumers ({bc} keys), so neither starts its share before both have written theirs.",
+        f"bar {free_bar} ({dq_threads} threads: the consumers sync, the dQ warp arrives) and bar {staged_bar} (the "
+        "consumers arrive, the dQ warp syncs): the staging buffer passes from the consumers to the copy engine "
+        "and back.",
+        "The dQ warp's lane 0 issues one cp.reduce.async.bulk .add.f32 of the block's whole Br × d share into "
+        "the fp32 accumulator in global memory, waits until the engine has read the buffer (not until it has "
+        "added it), and frees the buffer.",
+        "dSᵀ has two buffers by step parity: a consumer may write step n+1's while the other still reads step "
+        "n's for its dQ share.",
+    ]
+    wrapped = [line for note in notes for line in textwrap.wrap(note, 180)]
+    svg = Svg(width, bottom + 66 + 15 * len(wrapped), "Stage 14 backward pipeline")
+    svg.text(30, 26, f"Stage 14's main kernel: one block ({bc} keys of one K/V head), step after step; a step is "
+                     "one query tile of one query head", 14, weight="bold")
+    svg.text(30, 44, f"producer warpgroup ({group} threads, setmaxnreg {c['kProducerRegisters']}): in warp "
+                     f"{c['kLoadWarp']} one thread issues every copy; warp {c['kDqWarp']} hands dQ's additions to "
+                     f"the copy engine", 10)
+    svg.text(30, 58, f"two consumer warpgroups ({group} threads each, setmaxnreg {c['kConsumerRegisters']}), "
+                     f"{keys} keys each; both run the same sequence on their own keys", 10)
+    svg.text(30, 72, "K and V are loaded once when the block starts (kv_full) and stay; widths are schematic, "
+                     "not measured", 10)
+
+    def tx(t):
+        return x0 + (t - first) * step
+
+    y, h = {}, {}
+    at = top
+    for name, height in lanes:
+        at += apart if name == "consumer 0: its wgmma" else 0
+        y[name], h[name] = at, height
+        at += height + gap
+    for name, _ in lanes:
+        svg.text(x0 - 10, y[name] + h[name] / 2 + 4, name, 11, "end", weight="bold")
+        svg.line(x0, y[name] + h[name], tx(last), y[name] + h[name], "#ccc", 0.6)
+    for t in (0, 1):  # step boundaries
+        svg.line(tx(t), top - 14, tx(t), bottom - gap, "#999", 1)
+    for t0, t1, label in ((first, 0, "step n−1"), (0, 1, "step n"), (1, last, "step n+1")):
+        svg.text((tx(t0) + tx(t1)) / 2, top - 30, label, 12, "middle", weight="bold")
+
+    def box(lane, t0, t1, colour, label="", opacity=0.85, text="#fff"):
+        a, b = max(tx(t0), tx(first)), min(tx(t1), tx(last))
+        if b - a < 1:
+            return
+        svg.rect(a + 1, y[lane] + 3, b - a - 2, h[lane] - 6, colour, opacity=opacity)
+        size = min(9, (b - a - 6) / (0.66 * max(len(label), 1)))  # the label fits its box, or is left out
+        if label and size >= 6.5:
+            svg.text((a + b) / 2, y[lane] + h[lane] / 2 + 3, label, f"{size:.1f}", "middle", text, "bold")
+
+    wgmma, regs, smem, wait, issuing = PALETTE[0], PALETTE[1], PALETTE[2], "#e6e6e6", "#333333"
+    tma, bulk, qdo, ds, staging = PALETTE[4], PALETTE[3], PALETTE[6], PALETTE[5], PALETTE[7]
+    release, ds_written, dq_free, dq_staged, loaded = 0.72, 0.545, 0.74, 0.95, 0.14
+    name = {-1: "n−1", 0: "n", 1: "n+1", 2: "n+2", 3: "n+3"}
+    for n in (-1, 0, 1):  # the steps in the window, as offsets from step n
+        for k in range(consumers):
+            w, th = f"consumer {k}: its wgmma", f"consumer {k}: its threads"
+            box(w, n + 0.02, n + 0.13, wgmma, "Sᵀ = K Qᵀ")
+            box(w, n + 0.13, n + 0.27, wgmma, "dPᵀ = V dOᵀ")
+            box(w, n + 0.37, n + 0.62, wgmma, "dV += Pᵀ dO, dK += dSᵀ Q")
+            box(w, n + 0.62, n + release, wgmma, "dQ += dS K")
+            box(th, n, n + 0.04, issuing)
+            box(th, n + 0.04, n + 0.12, wait, "wait", text="#555")
+            box(th, n + 0.12, n + 0.27, regs, "Pᵀ = exp2(…)")
+            box(th, n + 0.27, n + 0.36, regs, "dSᵀ")
+            box(th, n + 0.36, n + 0.39, issuing)
+            box(th, n + 0.39, n + 0.53, smem, "dSᵀ → shared")
+            box(th, n + 0.55, n + 0.58, issuing)
+            box(th, n + 0.58, n + release, wait, "wait", text="#555")
+            box(th, n + 0.75, n + 0.93, smem, "dQ share → staging")
+        # Step n's stage (n mod 2) was loaded once step n-2 released it; step n releases it (empty) once
+        # its last product has read it, and the load warp loads step n+2's tiles into it.
+        lane = "Q/dO stage s = n mod 2" if n % 2 == 0 else "Q/dO stage s' (the other)"
+        box(lane, n - 2 + release + loaded, n + release, qdo,
+            f"Q, dO, lse, D of step {name[n]}: read by both consumers", opacity=0.55, text="#222")
+        box(lane, n + release, n + release + loaded, tma, "loading")
+        box("load warp (TMA)", n + release, n + release + loaded, tma, f"TMA {name[n + 2]}")
+        # dS^T: written by both consumers, read by both dQ shares, in the buffer of the step's parity.
+        box("dSᵀ buffers (by step parity)", n + 0.39, n + 0.53, ds, f"{name[n]}: written", opacity=0.7, text="#222")
+        box("dSᵀ buffers (by step parity)", n + 0.62, n + release, ds, f"{name[n]}: read", opacity=0.95, text="#222")
+        # dQ: staged by the consumers, read out by the copy engine at the dQ warp's command.
+        box("dQ staging (fp32)", n + 0.75, n + 0.93, staging, f"{name[n]}: shares written", opacity=0.8, text="#222")
+        box("dQ staging (fp32)", n + 0.96, n + 1.12, staging, "engine reads", opacity=0.45, text="#222")
+        box("dQ warp (lane 0)", n + 0.96, n + 0.99, issuing)
+        box("dQ warp (lane 0)", n + 0.99, n + 1.12, bulk, "bulk add")
+        box("dQ warp (lane 0)", n + 0.14, n + dq_staged, wait, "wait for the next shares", text="#555")
+    # The named barriers: who meets whom.
+    consumer_top = y["consumer 0: its wgmma"]
+    last_threads = f"consumer {consumers - 1}: its threads"
+    consumer_bottom, dq_bottom = y[last_threads] + h[last_threads], y["dQ warp (lane 0)"] + h["dQ warp (lane 0)"]
+    for t, label, colour in ((ds_written, f"bar {ds_bar}: dS written", "#c00"),
+                             (dq_free, f"bar {free_bar}: dQ free", "#06c"),
+                             (dq_staged, f"bar {staged_bar}: dQ staged", "#080"),
+                             (dq_staged - 1, f"bar {staged_bar}: dQ staged", "#080")):
+        if first <= t <= last:
+            svg.line(tx(t), consumer_top - 4, tx(t), dq_bottom + 4, colour, 1.4, dash="4,3")
+            svg.text(tx(t) + 3, dq_bottom + 14, label, 9, fill=colour, weight="bold")
+    svg.line(tx(release), y["Q/dO stage s = n mod 2"] + h["Q/dO stage s = n mod 2"], tx(release), consumer_top,
+             "#555", 1, dash="2,2")
+    svg.text(tx(release) - 3, consumer_top - 5, "arrive empty[s]", 9, "end", fill="#555")
+    yl = bottom + 26
+    legend = ((wgmma, "wgmma (tensor cores)"), (regs, "registers"), (smem, "stores to shared memory"),
+              (issuing, "issuing"), (wait, "wait"), (tma, "TMA loads"),
+              (bulk, "cp.reduce.async.bulk .add.f32"))
+    for i, (colour, label) in enumerate(legend):
+        svg.rect(30 + i * 150, yl, 12, 12, colour)
+        svg.text(30 + i * 150 + 18, yl + 10, label, 10)
+    for i, line in enumerate(wrapped):
+        svg.text(30, yl + 34 + 15 * i, line, 10)
+    return svg
+
+
 DIAGRAMS = {
     "stage04_threads.svg": stage04_threads,
     "stage05_lanes.svg": stage05_lanes,
@@ -741,6 +883,7 @@ DIAGRAMS = {
     "stage11_warp_tiles.svg": stage11_warp_tiles,
     "stage13_split_merge.svg": stage13_split_merge,
     "stage12_pingpong_timeline.svg": stage12_pingpong_timeline,
+    "stage14_backward_pipeline.svg": stage14_backward_pipeline,
 }
 
 

@@ -63,8 +63,16 @@ rewrites each region between `<!-- table:NAME -->` and `<!-- /table:NAME -->` wi
   ncu-stage11 each kernel of one stage 11 backward call at head_dim 64 and 128 (Nsight Compute, first
               call): time, registers, warps active, SM, tensor pipe, busiest memory unit and DRAM
               throughput, share of the call (h100_ncu_stage11_dD.csv and _tensor.csv)
+  stage14-standing  stage 14's backward in a paragraph: geometric means over N >= 1024 of its speed over
+              cuDNN, FlashAttention-2 and stage 11 in both dtypes, the lowest cell, the deterministic mode's
+              speed over the default's (compare_h100_bf16.json, compare_h100_fp16.json)
+  stage14-compare  stage 14's backward per cell at N = 4096 and 16384, bf16 and fp16: TFLOP/s, its speed over
+              stage 11, FlashAttention-2 and cuDNN, and det / default, with the geometric means over N >= 1024
+  ncu-stage14 stage 14's backward_kernel beside stage 11's dk_dv_kernel in Nsight Compute, head_dim 128 and 64
+              (bench/results/h100_ncu_stage14.csv, scripts/profile/profile_stage14.sh)
 Both decode tables say "not measured yet" and name the script until their file is committed
-(scripts/device/gpu_check_decode.sh writes both).
+(scripts/device/gpu_check_decode.sh writes both); so do the three tables of stage 14 (and the inline
+phrase value:stage14-summary/short) until the compare runs hold `stage14` cells and the profile exists.
 
 Single figures in running text are generated the same way, inline:
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whether a change to the source left the device code as it was: each .cu FILE is compiled at commit BASE
-# and in the working tree (nvcc -O3 -std=c++17 -arch=sm_90 -cubin, the include folders the build gives
-# it), both cubins disassembled (cuobjdump -sass), and the instruction streams compared kernel by kernel
+# and in the working tree (nvcc -O3 -std=c++17 -arch=sm_90 -cubin, sm_90a for the Hopper stages, the
+# include folders the build gives it), both cubins disassembled (cuobjdump -sass), and the instruction streams compared kernel by kernel
 # with the addresses, offsets and encodings left out (opcodes and operands kept, branch targets too).
 # A refactor that moves code between headers without changing what it does compiles to the same SASS,
 # and scripts/checks/results_cited.py then keeps the results measured before it (its docstring says
@@ -52,7 +52,14 @@ flags() {
     inc+=(-I "$top/stages" -I "$top/bench")
     for dir in "$top"/stages/*/; do inc+=(-I "${dir%/}"); done
   fi
-  printf '%s\n' -O3 -std=c++17 -arch=sm_90 "${inc[@]}"
+  # The Hopper stages are built for sm_90a with the definition that turns their kernels on
+  # (CMakeLists.txt); compiled for plain sm_90 they would be the stubs that refuse every call.
+  local -a arch=(-arch=sm_90)
+  case $file in
+    stages/12_hopper/* | stages/14_hopper_backward/*)
+      arch=(-gencode arch=compute_90a,code=sm_90a -DFLASH_STAGE12_SM90A=1 -DFLASH_STAGE14_SM90A=1) ;;
+  esac
+  printf '%s\n' -O3 -std=c++17 "${arch[@]}" "${inc[@]}"
 }
 
 # The repository files FILE includes, relative to the tree root $1.

@@ -71,7 +71,8 @@ constexpr int kConsumersAndWarp = kConsumerThreads + 32;  // the consumers and t
 //   head_dim 128, Br = 64:  64 + 64 + 32 + 32 + 32 = 224
 //   head_dim 64,  Br = 128: 32 + 32 + 64 + 64 + 32 = 224
 // (the dQ share is not live at the same time as all of S^T and dP^T, so the peak is lower). The
-// shared memory (SharedLayout) fits with two Q/dO stages either way: 177 and 161 KiB.
+// shared memory (SharedLayout) fits with two Q/dO stages and two dS buffers either way: 198696 and
+// 199720 bytes of the H100's 232448 per block, alignment slack included.
 // dQ's share is 64 x 64 per warpgroup: at head_dim 128, Br = 64 queries by half of head_dim each (the
 // warpgroup's panel of K); at head_dim 64, half of the 128 queries each by all of head_dim.
 template <int kHeadDim_>

@@ -241,8 +241,8 @@ def test_c_abi_paged_argument_checks(ptrs, dims, kwargs, code, text):
 def test_c_abi_paged_stage_errors():
     got, msg = c_forward_paged(10, PAGED_FAKE, (1, 4, 2, 1, 128))
     assert got == _lib.NOT_SUPPORTED and b"stage 10 (flash2) has no paged entry point" in msg.value
-    got, msg = c_forward_paged(14, PAGED_FAKE, (1, 4, 2, 1, 128))
-    assert got == _lib.INVALID_ARGUMENT and b"stage = 14 is not a stage (stages: 1 to 13)" in msg.value
+    got, msg = c_forward_paged(15, PAGED_FAKE, (1, 4, 2, 1, 128))
+    assert got == _lib.INVALID_ARGUMENT and b"stage = 15 is not a stage (stages: 1 to 14)" in msg.value
     L = _lib.lib()
     assert L.flash_stages_limits(-1, None, None, None) == _lib.INVALID_ARGUMENT
     assert L.flash_stages_limits(L.flash_stages_count(), None, None, None) == _lib.INVALID_ARGUMENT
@@ -286,3 +286,12 @@ BACKWARD_FAKE = [16 * (i + 1) for i in range(9)]
 def test_c_abi_backward_argument_checks(stage, ptrs, dims, kwargs, code, text):
     got, msg = c_backward(stage, ptrs, dims, **kwargs)
     assert got == code and text in msg.value.decode(), (got, msg.value)
+
+
+def test_default_stage_takes_the_hopper_stages_only_where_they_run():
+    assert flash_stages.runs_here(99, 0) is False  # no such stage
+    # Without a device, never an architecture-specific stage; with one, stage 14 exactly where it runs.
+    assert flash_stages.default_stage("bfloat16", 128, True, seq_q=1024).number == 11
+    here = flash_stages.runs_here(14, 0)
+    assert flash_stages.default_stage("bfloat16", 128, True, seq_q=1024, device=0).number == (14 if here else 11)
+    assert flash_stages.default_stage("bfloat16", 32, True, seq_q=1024, device=0).number == 11  # 14 has no d32

@@ -328,6 +328,10 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
       decode-met/SOURCE                 at how many of the three target shapes SOURCE reaches DECODE_GOAL
                                         of the datasheet: "all three", "two of the three", "one of the three"
                                         or "none of the three"
+      stage14-summary/short|lesson      stage 14's backward in words from the compare runs (its speed over
+                                        cuDNN, FlashAttention-2 and stage 11, the deterministic mode's over
+                                        the default's), or "not measured yet" and what writes the cells
+                                        while the runs hold no stage14 cells (tables/hopper_backward.py)
     """
     parts = spec.split("/")
     runs = runs if runs is not None else load_bench()

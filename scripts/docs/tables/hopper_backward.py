@@ -1,0 +1,251 @@
+"""Lesson 14 (the Hopper backward): stage 14 against cuDNN's and FlashAttention-2's backward, and against
+stage 11's, in bench/compare.py's bf16 and fp16 runs (compare_h100_bf16.json, compare_h100_fp16.json), and
+its main kernel in Nsight Compute beside stage 11's (h100_ncu_stage14.csv, scripts/profile/profile_stage14.sh).
+
+The pages ask for these before the runs exist: where the results files hold no stage 14 cells, or the
+profile file is not there yet, each table and phrase says "not measured yet" and names what writes it,
+so that make_tables --check passes until the files are committed, and then fills them in."""
+import csv
+import json
+
+from .common import RESULTS, TARGET_FLOOR, geo_mean, value_kind
+
+TAGS = ("bf16", "fp16")
+
+
+# compare.py's impl names: the default mode, the deterministic mode, the peers and stage 11.
+STAGE, DETERMINISTIC = "stage14", "stage14-det"
+PEERS = (("stage11", "× stage 11"), ("sdpa-flash", "× FA2"), ("sdpa-cudnn", "× cuDNN"))
+
+
+# The cells the lesson's table shows; the geometric means are over every cell with N >= 1024, as
+# bench/compare.py and the other lessons compute them.
+SHOWN_SEQS = (4096, 16384)
+
+
+MIN_SEQ = 1024
+
+
+COMPARE_HINT = ("`bench/compare.py --dtype bfloat16` and `--dtype float16` on an H100 with stage 14 built "
+                "write its cells (`stage14`, `stage14-det`) into `bench/results/compare_h100_bf16.json` and "
+                "`compare_h100_fp16.json`; then `python3 scripts/docs/make_tables.py --update` fills this in")
+
+
+NCU_FILE = "h100_ncu_stage14.csv"
+
+
+NCU_HINT = (f"`scripts/profile/profile_stage14.sh` writes `bench/results/{NCU_FILE}` on an H100; once it is "
+            "committed, `python3 scripts/docs/make_tables.py --update` fills this table")
+
+
+def load_backward(tag):
+    """{(impl, head_dim, causal, seq): row} of the backward cells that ran in compare_h100_TAG.json."""
+    return {(r["impl"], r["head_dim"], r["causal"], r["seq"]): r
+            for r in json.loads((RESULTS / f"compare_h100_{tag}.json").read_text())["results"]
+            if r["status"] == "ok" and r["direction"] == "backward"}
+
+
+def measured_tags():
+    """The dtypes whose compare file holds stage 14's backward."""
+    return [tag for tag in TAGS if any(k[0] == STAGE for k in load_backward(tag))]
+
+
+def speeds(rows, over, base):
+    """{(d, causal, n): base's time over `over`'s} for the cells with N >= MIN_SEQ where both ran: above 1,
+    `over` is faster."""
+    return {k[1:]: rows[(base,) + k[1:]]["median_ms"] / r["median_ms"]
+            for k, r in rows.items() if k[0] == over and k[3] >= MIN_SEQ and (base,) + k[1:] in rows}
+
+
+def not_measured(what):
+    return f"(not measured yet) {what}: {COMPARE_HINT}."
+
+
+def stage14_compare_table():
+    """Stage 14's backward per cell, bf16 and fp16: TFLOP/s, its speed over stage 11, FlashAttention-2 and
+    cuDNN, and the deterministic mode's speed over the default mode's; the geometric means over N >= 1024."""
+    tags = measured_tags()
+    if not tags:
+        return not_measured("no stage 14 backward cells in the committed compare runs")
+    rows = {tag: load_backward(tag) for tag in TAGS}
+    columns = [(base, label) for base, label in PEERS] + [(DETERMINISTIC, "det / default")]
+    head = " | ".join(f"{tag}: TFLOP/s | " + " | ".join(label for _, label in columns) for tag in TAGS)
+    lines = [f"| d | causal | N | {head} |", "|---|---|---|" + "---|" * (len(columns) + 1) * len(TAGS)]
+    for d in (64, 128):
+        for causal in (False, True):
+            for n in SHOWN_SEQS:
+                cells = []
+                for tag in TAGS:
+                    r = rows[tag].get((STAGE, d, causal, n))
+                    cells.append(f"{r['tflops']:.1f}" if r else "–")
+                    for base, _ in columns:
+                        b = rows[tag].get((base, d, causal, n))
+                        if not (r and b):
+                            cells.append("–")
+                        elif base == DETERMINISTIC:  # the deterministic mode's speed over the default's
+                            cells.append(f"{r['median_ms'] / b['median_ms']:.2f}x")
+                        else:
+                            cells.append(f"{b['median_ms'] / r['median_ms']:.2f}x")
+                lines.append(f"| {d} | {'yes' if causal else 'no'} | {n} | " + " | ".join(cells) + " |")
+    means = []
+    for tag in TAGS:
+        means.append("")
+        for base, _ in columns:
+            found = (speeds(rows[tag], DETERMINISTIC, STAGE) if base == DETERMINISTIC
+                     else speeds(rows[tag], STAGE, base)).values()
+            means.append(f"{geo_mean(list(found)):.2f}x (min {min(found):.2f}x)" if found else "–")
+    lines.append(f"| geometric mean | | N >= {MIN_SEQ} | " + " | ".join(means) + " |")
+    meta = json.loads((RESULTS / f"compare_h100_{tags[0]}.json").read_text())["meta"]
+    missing = [tag for tag in TAGS if tag not in tags]
+    lines.append("")
+    lines.append(f"Backward, {meta['gpu']}, PyTorch {meta['torch']}; B·N = 16384 tokens, H·d = 2048 (32 heads at "
+                 "head_dim 64, 16 at 128). TFLOP/s by the FlashAttention convention (2.5 × the forward's "
+                 "4·B·H·N²·d, halved when causal). × X: X's median time over stage 14's in the same run (above 1: "
+                 "stage 14 is faster); FA2 = `sdpa-flash` (FlashAttention-2), cuDNN = `sdpa-cudnn`. det / default: "
+                 "the deterministic mode's speed over the default mode's. The rows show N = "
+                 f"{' and '.join(map(str, SHOWN_SEQS))}; the geometric means and their lowest cells are over every "
+                 f"cell with N >= {MIN_SEQ} (the compare files hold N = 512 to 16384). "
+                 + (f"{' and '.join(missing)}: not measured yet ({COMPARE_HINT}). " if missing else "")
+                 + "From `bench/results/compare_h100_bf16.json` and `compare_h100_fp16.json`.")
+    return "\n".join(lines)
+
+
+def where(cell, with_dtype):
+    tag, d, causal, n = cell
+    return f"{tag + ', ' if with_dtype else ''}head_dim {d}, {'causal' if causal else 'not causal'}, N = {n}"
+
+
+def summary(form):
+    """Stage 14's backward in a sentence, from the compare runs: form "lesson" (the lesson's opening
+    paragraph) or "short" (a cell of the course tables). "(not measured yet)" and what writes the cells,
+    until the runs hold stage 14."""
+    tags = measured_tags()
+    if not tags:
+        if form == "short":
+            return "backward: not measured yet (`bench/compare.py` writes its cells)"
+        return not_measured("stage 14's backward against cuDNN's and FlashAttention-2's")
+    rows = {tag: load_backward(tag) for tag in tags}
+
+    def cells(over, base):
+        return {(tag,) + k: v for tag in tags for k, v in speeds(rows[tag], over, base).items()}
+
+    def mean(c, decimals=2):
+        return f"{geo_mean(list(c.values())):.{decimals}f}x" if c else "–"
+
+    cudnn, flash, s11 = cells(STAGE, "sdpa-cudnn"), cells(STAGE, "sdpa-flash"), cells(STAGE, "stage11")
+    det = cells(DETERMINISTIC, STAGE)
+    dtypes = " and ".join(tags)
+    both = len(tags) > 1
+    if form == "short":
+        return (f"backward {mean(cudnn)} cuDNN's over {dtypes}" +
+                (f" (lowest cell {min(cudnn.values()):.2f}x)" if cudnn else "") +
+                f", {mean(flash)} FlashAttention-2's, {mean(s11)} stage 11's; deterministic mode {mean(det)} the default's")
+    low = min(cudnn, key=cudnn.get) if cudnn else None
+    below = sum(round(x, 2) < 1 for x in cudnn.values())
+    below_floor = sum(round(x, 2) < TARGET_FLOOR for x in cudnn.values())
+    text = (f"Over {dtypes}, head_dim 64 and 128, causal and not, N {MIN_SEQ}-16384 (geometric means of "
+            f"`bench/compare.py`'s cells), this backward runs at {mean(cudnn, 3)} the speed of cuDNN's "
+            f"(`sdpa-cudnn`)")
+    if low:
+        text += (f", {below} of {len(cudnn)} cells below 1.0x and {below_floor} below {TARGET_FLOOR}x, the lowest "
+                 f"{cudnn[low]:.2f}x ({where(low, both)})")
+    text += (f"; at {mean(flash)} FlashAttention-2's (`sdpa-flash`) and {mean(s11)} stage 11's. Its deterministic "
+             f"mode runs at {mean(det)} the default mode's speed")
+    if det:
+        text += f" (lowest cell {min(det.values()):.2f}x)"
+    text += ". From `bench/results/compare_h100_bf16.json` and `compare_h100_fp16.json`"
+    if not both:
+        text += f" ({[t for t in TAGS if t not in tags][0]}: not measured yet)"
+    return text + "."
+
+
+def stage14_standing():
+    return summary("lesson")
+
+
+@value_kind("stage14-summary")
+def _stage14_summary(spec, parts, kind, runs, backward, compare, anchors):
+    # stage14-summary/short|lesson
+    return summary(parts[1])
+
+
+# The rows of the profile table: the script's metrics, in the order the lesson reads them.
+# metric -> (label, decimals)
+NCU14_ROWS = {
+    "gpu__time_duration.sum": ("kernel time (ms)", 3),
+    "launch__registers_per_thread": ("registers per thread at launch", 0),
+    "sm__warps_active.avg.pct_of_peak_sustained_active": ("warps active (% of 64 per SM)", 1),
+    "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active": ("tensor pipe active (% of peak)", 1),
+    "sm__throughput.avg.pct_of_peak_sustained_elapsed": ("SM throughput (% of peak)", 1),
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("DRAM throughput (% of peak)", 1),
+    "lts__t_sector_hit_rate.pct": ("L2 hit rate (% of sectors)", 1),
+    "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": ("shared-memory bank conflicts", 0),
+    "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": ("stalled at a barrier, per issue", 2),
+    "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio":
+        ("stalled on the long scoreboard, per issue", 2),
+    "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio": ("stalled on a fixed wait, per issue", 2),
+    "smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio":
+        ("stalled on a busy math pipe, per issue", 2),
+}
+
+
+# The profiled problem (the script's benchmark): batch 4, N 4096, H·d = 2048, not causal.
+NCU14_FLOPS = 2.5 * 4 * 4 * 4096 * 4096 * 2048
+
+
+TIME_UNITS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+
+
+def load_ncu14():
+    """{(stage, head_dim, metric): (unit, value or None for n/a)} of NCU_FILE."""
+    out = {}
+    with (RESULTS / NCU_FILE).open(newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                figure = float(row["value"].replace(",", ""))
+            except ValueError:
+                figure = None
+            out[(int(row["stage"]), int(row["head_dim"]), row["metric"])] = (row["unit"], figure)
+    return out
+
+
+def ncu14_cell(found, stage, d, metric):
+    entry = found.get((stage, d, metric))
+    if entry is None:
+        return None, "–"
+    unit, figure = entry
+    if figure is None:
+        return None, "n/a"
+    if metric == "gpu__time_duration.sum":
+        figure *= TIME_UNITS.get(unit, float("nan"))
+    return figure, f"{figure:,.{NCU14_ROWS[metric][1]}f}"
+
+
+def ncu_stage14_table():
+    """Stage 14's main kernel (backward_kernel) and stage 11's (dk_dv_kernel) side by side, head_dim 128 and
+    64, one row per metric of the script, and the backward's FLOPs over the kernel's time."""
+    if not (RESULTS / NCU_FILE).exists():
+        return f"(not measured yet) {NCU_HINT}."
+    found = load_ncu14()
+    columns = [(d, stage) for d in (128, 64) for stage in (14, 11)]
+    names = {14: "stage 14 `backward_kernel`", 11: "stage 11 `dk_dv_kernel`"}
+    lines = ["| metric | " + " | ".join(f"{names[s]}, d = {d}" for d, s in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for metric, (label, _) in NCU14_ROWS.items():
+        lines.append(f"| {label} | " + " | ".join(ncu14_cell(found, s, d, metric)[1] for d, s in columns) + " |")
+        if metric == "gpu__time_duration.sum":
+            cells = []
+            for d, s in columns:
+                ms, _ = ncu14_cell(found, s, d, metric)
+                cells.append(f"{NCU14_FLOPS / (ms * 1e-3) / 1e12:.1f}" if ms else "–")
+            lines.append("| the backward's FLOPs over this kernel's time (TFLOP/s) | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Nsight Compute (`ncu --clock-control none`), one launch of each main kernel, bf16, batch 4, N = 4096, "
+                 "H·d = 2048 (16 heads at head_dim 128, 32 at 64), not causal, default mode: the benchmarks "
+                 "`stage14_hopper_backward/bf16/dD/causal0/backward/seq:4096` and `stage11_backward_tc/...`. The "
+                 "FLOPs are the whole backward's by the FlashAttention convention (2.5 × 4·B·H·N²·d), over the main "
+                 "kernel's time alone (each stage's two small kernels left out). Registers at launch: stage 14's "
+                 "consumer warpgroups then take 240 each with `setmaxnreg`, its producer warpgroup gives back to 24. "
+                 "Stalls: warps stalled for that reason per issued instruction. \"–\": not in the file; \"n/a\": "
+                 "what ncu wrote. From `bench/results/h100_ncu_stage14.csv` (`scripts/profile/profile_stage14.sh`).")
+    return "\n".join(lines)
