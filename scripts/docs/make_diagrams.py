@@ -743,7 +743,8 @@ def stage14_backward_pipeline(step=540):
     group, keys, stages = c["kWarpgroupThreads"], c["kWgmmaM"], c["kStages"]
     consumers, bc = c["kConsumers"], c["kBlockCols"]
     ds_bar, staged_bar, free_bar = c["kDsWrittenBarrier"], c["kDqStagedBarrier"], c["kDqFreeBarrier"]
-    ds_threads, dq_threads = c["kConsumerThreads"], c["kDqBarrierThreads"]
+    stage_free_bar = c["kStageFreeBarrier"]
+    ds_threads, dq_threads = c["kConsumerThreads"], c["kConsumersAndWarp"]
     if stages != 2 or consumers != 2:
         raise RuntimeError("this diagram draws two Q/dO stages and two consumer warpgroups")
     first, last = -0.4, 1.45  # the window, in steps: the end of step n-1, step n, the start of step n+1
@@ -757,9 +758,9 @@ def stage14_backward_pipeline(step=540):
     bottom = top + sum(height + gap for _, height in lanes) + apart
     notes = [
         f"mbarriers: q_full[s] and do_full[s] (the load warp's arrive.expect_tx, then the bytes of Q with its lse, "
-        f"of dO with its D), for which the consumers wait before Sᵀ and before dPᵀ; empty[s] ({ds_threads // 32} "
-        "arrivals, one per consumer warp, once the step's last product has read the stage), for which the load "
-        "warp waits before it loads the stage again.",
+        f"of dO with its D), for which the consumers wait before Sᵀ and before dPᵀ. bar {stage_free_bar} + s "
+        f"({dq_threads} threads: the consumers arrive once the step's last product has read the stage, the load warp "
+        "syncs before it loads the stage again).",
         f"bar {ds_bar} (bar.sync, {ds_threads} threads: both consumers): each dQ share reads the dSᵀ rows of both "
         f"consumers ({bc} keys), so neither starts its share before both have written theirs.",
         f"bar {free_bar} ({dq_threads} threads: the consumers sync, the dQ warp arrives) and bar {staged_bar} (the "
@@ -776,7 +777,7 @@ def stage14_backward_pipeline(step=540):
     svg.text(30, 26, f"Stage 14's main kernel: one block ({bc} keys of one K/V head), step after step; a step is "
                      "one query tile of one query head", 14, weight="bold")
     svg.text(30, 44, f"producer warpgroup ({group} threads, setmaxnreg {c['kProducerRegisters']}): in warp "
-                     f"{c['kLoadWarp']} one thread issues every copy; warp {c['kDqWarp']} hands dQ's additions to "
+                     f"{c['kLoadWarp']} lane 0 issues every copy; warp {c['kDqWarp']} hands dQ's additions to "
                      f"the copy engine", 10)
     svg.text(30, 58, f"two consumer warpgroups ({group} threads each, setmaxnreg {c['kConsumerRegisters']}), "
                      f"{keys} keys each; both run the same sequence on their own keys", 10)
@@ -829,7 +830,7 @@ def stage14_backward_pipeline(step=540):
             box(th, n + 0.55, n + 0.58, issuing)
             box(th, n + 0.58, n + release, wait, "wait", text="#555")
             box(th, n + 0.75, n + 0.93, smem, "dQ share → staging")
-        # Step n's stage (n mod 2) was loaded once step n-2 released it; step n releases it (empty) once
+        # Step n's stage (n mod 2) was loaded once step n-2 released it; step n releases it (stage free) once
         # its last product has read it, and the load warp loads step n+2's tiles into it.
         lane = "Q/dO stage s = n mod 2" if n % 2 == 0 else "Q/dO stage s' (the other)"
         box(lane, n - 2 + release + loaded, n + release, qdo,
@@ -858,7 +859,7 @@ def stage14_backward_pipeline(step=540):
             svg.text(tx(t) + 3, dq_bottom + 14, label, 9, fill=colour, weight="bold")
     svg.line(tx(release), y["Q/dO stage s = n mod 2"] + h["Q/dO stage s = n mod 2"], tx(release), consumer_top,
              "#555", 1, dash="2,2")
-    svg.text(tx(release) - 3, consumer_top - 5, "arrive empty[s]", 9, "end", fill="#555")
+    svg.text(tx(release) - 3, consumer_top - 5, f"arrive bar {stage_free_bar} + s: stage free", 9, "end", fill="#555")
     yl = bottom + 26
     legend = ((wgmma, "wgmma (tensor cores)"), (regs, "registers"), (smem, "stores to shared memory"),
               (issuing, "issuing"), (wait, "wait"), (tma, "TMA loads"),

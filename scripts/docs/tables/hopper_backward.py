@@ -193,7 +193,7 @@ NCU14_ROWS = {
 NCU14_FLOPS = 2.5 * 4 * 4 * 4096 * 4096 * 2048
 
 
-TIME_UNITS = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0, "second": 1e3}
+TIME_UNITS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3, "second": 1e3}
 
 
 def load_ncu14():
