@@ -397,6 +397,10 @@ def fill_tables(text, tables, where, values=None):
 
 
 # ---------------------------------------------------------------------------------------------
+# The stages whose diff is against another stage than the one before: the Hopper backward (14)
+# against the tensor-core backward (11), the backward it moves onto Hopper, not the decoding stage.
+DIFF_BASE = {14: 11}
+
 # The generated diff of each stage's kernel against the previous stage's
 # ---------------------------------------------------------------------------------------------
 
@@ -565,7 +569,7 @@ def page_title(path):
     return path.stem
 
 
-def lesson_page(root, stage, prev, nxt, ctx, tables, values=None):
+def lesson_page(root, stage, prev, nxt, ctx, tables, values=None, base=None):
     if stage.readme.exists():
         src = stage.readme
         text = fill_tables(src.read_text(), tables, src, values)
@@ -576,9 +580,10 @@ def lesson_page(root, stage, prev, nxt, ctx, tables, values=None):
                 f"The lesson of this stage is being written (`{stage.folder}/README.md`). Until then, the "
                 f"comments at the top of its sources tell the story: {kernels}.\n")
     page = to_doxygen(text, src, stage.label, ctx, title=stage.title, toc=False)
-    title = "The code: what changed" if prev else "The code"
-    intro = (f"The diff of this stage's kernel against [stage {prev.number:02d}](@ref {prev.label})'s, "
-             f"generated from the sources when the site is built." if prev else
+    base = base or prev  # the stage the diff is against (DIFF_BASE), the one before unless named
+    title = "The code: what changed" if base else "The code"
+    intro = (f"The diff of this stage's kernel against [stage {base.number:02d}](@ref {base.label})'s, "
+             f"generated from the sources when the site is built." if base else
              "The first stage's kernel in full, generated from the source when the site is built; every "
              "later lesson shows only what it changes.")
     nav = []
@@ -631,11 +636,13 @@ def build_pages(root, out):
         text = fill_tables(p.read_text(), tables, p, values)
         (out / "theory" / f"{theory_label(p)}.md").write_text(to_doxygen(text, p, theory_label(p), ctx, toc=True))
 
+    by_number = {s.number: s for s in stages}
     for i, s in enumerate(stages):
         prev = stages[i - 1] if i > 0 else None
         nxt = stages[i + 1] if i + 1 < len(stages) else None
-        (out / "lessons" / f"{s.label}.md").write_text(lesson_page(root, s, prev, nxt, ctx, tables, values))
-        (out / "diffs" / f"{s.label}_diff.html").write_text(diff_html(root, s, prev))
+        base = by_number.get(DIFF_BASE.get(s.number), prev)
+        (out / "lessons" / f"{s.label}.md").write_text(lesson_page(root, s, prev, nxt, ctx, tables, values, base))
+        (out / "diffs" / f"{s.label}_diff.html").write_text(diff_html(root, s, base))
     print(f"site pages: main, {len(theory)} theory, {len(stages)} lessons "
           f"({sum(s.readme.exists() for s in stages)} written), {', '.join(o.label for o in top) or 'no other pages'}, "
           f"{len(experiments)} experiments -> {out}")

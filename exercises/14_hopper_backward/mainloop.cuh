@@ -446,8 +446,8 @@ __device__ inline void to_a_fragments(const float (&acc)[kCols / 2], uint32_t (&
 //   kSwizzleBytes and kElementBytes are the sizes. As shipped every element goes to byte 0: dQ is
 //   wrong (dK takes dS^T from registers and dV needs no dS, so they stay right).
 //   Checked on the CPU too: ctest -L exercise14 (tests/test_exercise_ideas.cpp).
+//   Lesson: stages/14_hopper_backward/README.md, "$dS^\top$ in shared memory: `ds_byte_offset`".
 //   Lesson: stages/12_hopper/README.md, "Shared memory: the 128-byte swizzle and `SharedLayout`".
-//   Lesson: stages/12_hopper/README.md, "Descriptors and the two products".
 __host__ __device__ constexpr int ds_byte_offset(int key_row, int query) {
   return 0 * key_row + 0 * query;  // placeholder
   // END TODO(exercise)
