@@ -206,6 +206,40 @@ __device__ inline void bulk_load(void* dst, const void* src, uint32_t bytes, uin
 using tensor_core::fence_proxy_async_shared;
 
 // =============================================================================================
+// A counter in global memory, for blocks that take turns (stage 14's deterministic mode): one block
+// waits with acquire loads until the counter says its turn has come, another counts its turn done
+// with a release reduction (memory-consistency-model; parallel-synchronization-and-communication-
+// instructions-ld, -red). Where the work that the count orders is the copy engine's (a bulk
+// reduction, async proxy), fence.proxy.async.global orders it against the counter's generic-proxy
+// accesses (parallel-synchronization-and-communication-instructions-membar).
+// =============================================================================================
+
+// ld.acquire.gpu.global.b32: the counter, and every write released before it reached this value.
+__device__ inline int load_acquire_gpu(const int* counter) {
+  int value = 0;
+#if FLASH_HOPPER_SM90
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(counter) : "memory");
+#endif
+  return value;
+}
+
+// red.release.gpu.global.add.s32 kValue: adds to the counter after every earlier write of this thread.
+template <int kValue>
+__device__ inline void red_release_add_gpu(int* counter) {
+#if FLASH_HOPPER_SM90
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(counter), "n"(kValue) : "memory");
+#endif
+}
+
+// fence.proxy.async.global: orders this thread's generic-proxy accesses to global memory with its
+// async-proxy ones (the bulk copies), both ways.
+__device__ inline void fence_proxy_async_global() {
+#if FLASH_HOPPER_SM90
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+#endif
+}
+
+// =============================================================================================
 // Named barriers (parallel-synchronization-and-communication-instructions-bar-barrier): 16 per
 // CTA, ids 0 to 15; id 0 is the one __syncthreads() uses. bar.sync waits until kThreads threads
 // (a multiple of 32) have arrived at barrier kId, counting itself; bar.arrive counts itself and

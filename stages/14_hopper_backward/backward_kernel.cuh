@@ -1,23 +1,23 @@
 // Stage 14's main kernel: dK and dV of one K/V tile, and that tile's share of dQ, on wgmma.
 // mainloop.cuh holds its pieces; this file is the order they run in.
 //
-// One block per K/V tile of 128 keys of one K/V head, 3 warpgroups: two consumers, 64 keys each, and
-// a producer warpgroup, one thread of which loads K and V once and then streams Q, dO and their rows'
-// lse and D through two buffers (TMA, mbarriers), as stage 12's producer streams K and V; a second
-// warp of it adds dQ. Per step (a
-// query tile of one query head of the group), each consumer warpgroup:
+// One block per K/V tile of 128 keys of one K/V head, 3 warpgroups: two consumers, 64 keys each, and a
+// producer warpgroup. The producer's load warp loads K and V once, then streams Q, dO and their rows'
+// lse and D through two stages (TMA; mbarriers count the bytes, named barriers free the stages), as
+// stage 12's producer streams K and V; its dQ warp adds dQ. Per step (a query tile of one query head
+// of the group), each consumer warpgroup:
 //   1. S^T = K Q^T and dP^T = V dO^T on the tensor cores (two wgmma groups; P^T is computed while
 //      dP^T is still running);
 //   2. P^T and dS^T = P^T o (dP^T - D) in registers;
 //   3. dV += P^T dO and dK += dS^T Q, with P^T and dS^T as register A operands, while it writes
 //      dS^T to shared memory;
 //   4. after the two warpgroups meet, its 64 x 64 share of dQ = dS K, staged in shared memory; the
-//      dQ warp (a warp of the producer warpgroup) hands the block's dQ share to the copy engine, which
-//      adds it to the fp32 accumulator in global memory (cp.reduce.async.bulk .add.f32).
+//      dQ warp hands the block's dQ share to the copy engine, which adds it to the fp32 accumulator in
+//      global memory (cp.reduce.async.bulk .add.f32).
 // With kDeterministic the adds to each query tile's accumulator happen in a fixed order (dq_add_rank):
-// the thread waits for a counter per query tile to reach its block's place in that order before it
-// issues the add, and counts its own add once the copy engine has written it. dK and dV are summed in registers over the query heads
-// of the GQA group and written once, at the end.
+// the dQ warp waits for a counter per query tile to reach its block's place in that order before it
+// issues the add, and counts its own add once the copy engine has written it. dK and dV are summed in
+// registers over the query heads of the GQA group and written once, at the end.
 #pragma once
 
 #include "mainloop.cuh"
@@ -33,21 +33,19 @@ constexpr int kConsumerRegisters = 240;
 constexpr int kLoadWarp = 0;
 constexpr int kDqWarp = 1;
 
-// Deterministic mode: spins until `counter` (in global memory) reaches `expected`, acquire; then
-// orders what it saw before this thread's next async-proxy access (the copy engine's add).
+// Deterministic mode: spins until `counter` (in global memory) reaches `expected`, then orders what
+// it saw before this thread's next async-proxy access (the copy engine's add).
 __device__ inline void wait_for_count(const int* counter, int expected) {
-  int seen;
-  do {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(seen) : "l"(counter) : "memory");
-  } while (seen < expected);
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+  while (hopper::load_acquire_gpu(counter) < expected) {
+  }
+  hopper::fence_proxy_async_global();
 }
 
-// Counts one add, with release semantics: the copy engine's writes (waited for by bulk_wait<0>,
-// then ordered before the generic proxy by fence.proxy.async.global) before the count.
+// Counts one add: the copy engine's writes (waited for by bulk_wait<0>, then ordered before the
+// generic proxy) before the count, which releases them.
 __device__ inline void count_add(int* counter) {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-  asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(counter) : "memory");
+  hopper::fence_proxy_async_global();
+  hopper::red_release_add_gpu<1>(counter);
 }
 
 // The dQ warp: for each step, once the consumers have staged the block's share of dQ, lane 0 hands it
