@@ -66,7 +66,8 @@ __device__ void add_dq_shares(float* staging, const BlockWork& work, const Probl
     hopper::named_barrier_sync<kDqStagedBarrier, kConsumersAndWarp>();
     if (lane == 0) {
       const long long tile = static_cast<long long>(q_bh) * num_q_tiles_per_head + q_tile;
-      if constexpr (kDeterministic) wait_for_count(dq_counters + tile, dq_add_rank<Tiles, kCausal>(work, problem, q_tile));
+      if constexpr (kDeterministic)
+        wait_for_count(dq_counters + tile, dq_add_rank<Tiles, kCausal>(work, problem, q_tile));
       tensor_core::bulk_reduce_add_f32(dq_accum + tile * L::kDqFloats, staging, L::kDqFloats * 4);
       hopper::bulk_commit();
       if constexpr (kDeterministic) {

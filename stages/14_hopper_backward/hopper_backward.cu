@@ -27,29 +27,9 @@ constexpr int kHopper = 90;
 constexpr int kRowPadding = 128;
 // The deterministic mode's counters: one per query tile of the smaller Br.
 constexpr int kCounterRows = 64;
-constexpr int kStepThreads = 256;  // prepare_kernel and convert_dq_kernel
 
-long long padded_rows_per_head(int seq_q) { return (static_cast<long long>(seq_q) + kRowPadding - 1) / kRowPadding * kRowPadding; }
-
-// The workspace, in order: lse2 and D (padded rows each), the dQ accumulator (padded rows x head_dim
-// floats), the counters. Every part starts 16-byte aligned: padded rows are a multiple of 128.
-struct Workspace {
-  float* lse2;
-  float* d;
-  float* dq_accum;
-  int* counters;
-  long long padded_rows, num_counters;
-};
-
-Workspace carve(void* base, int batch, int heads_q, int seq_q, int head_dim) {
-  Workspace w;
-  w.padded_rows = static_cast<long long>(batch) * heads_q * padded_rows_per_head(seq_q);
-  w.num_counters = w.padded_rows / kCounterRows;
-  w.lse2 = static_cast<float*>(base);
-  w.d = w.lse2 + w.padded_rows;
-  w.dq_accum = w.d + w.padded_rows;
-  w.counters = reinterpret_cast<int*>(w.dq_accum + w.padded_rows * head_dim);
-  return w;
+long long padded_rows_per_head(int seq_q) {
+  return (static_cast<long long>(seq_q) + kRowPadding - 1) / kRowPadding * kRowPadding;
 }
 
 flash::Status check_args(const void* q, const void* k, const void* v, const void* o, const float* lse,
@@ -81,6 +61,29 @@ flash::Status check_args(const void* q, const void* k, const void* v, const void
 }
 
 #if defined(FLASH_STAGE14_SM90A)
+
+constexpr int kStepThreads = 256;  // prepare_kernel and convert_dq_kernel
+
+// The workspace, in order: lse2 and D (padded rows each), the dQ accumulator (padded rows x head_dim
+// floats), the counters. Every part starts 16-byte aligned: padded rows are a multiple of 128.
+struct Workspace {
+  float* lse2;
+  float* d;
+  float* dq_accum;
+  int* counters;
+  long long padded_rows, num_counters;
+};
+
+Workspace carve(void* base, int batch, int heads_q, int seq_q, int head_dim) {
+  Workspace w;
+  w.padded_rows = static_cast<long long>(batch) * heads_q * padded_rows_per_head(seq_q);
+  w.num_counters = w.padded_rows / kCounterRows;
+  w.lse2 = static_cast<float*>(base);
+  w.d = w.lse2 + w.padded_rows;
+  w.dq_accum = w.d + w.padded_rows;
+  w.counters = reinterpret_cast<int*>(w.dq_accum + w.padded_rows * head_dim);
+  return w;
+}
 
 // One call's arguments, as backward() took them (checked).
 struct Launch {
@@ -117,8 +120,14 @@ flash::Status launch_main(const Launch& a, const Workspace& ws) {
   if (status.ok())
     status = tensor_map::make_3d(&v_map, a.v, a.dtype, kHeadDim, a.seq_kv, heads_total_kv, kPanelCols, kBlockCols);
   if (!status.ok()) return status;
-  const ProblemShape problem{a.batch,   a.heads_q, a.heads_kv, a.seq_q, a.seq_kv, static_cast<int>(padded_rows_per_head(a.seq_q)),
-                             a.scale * kLog2e, a.scale};
+  const ProblemShape problem{a.batch,
+                             a.heads_q,
+                             a.heads_kv,
+                             a.seq_q,
+                             a.seq_kv,
+                             static_cast<int>(padded_rows_per_head(a.seq_q)),
+                             a.scale * kLog2e,
+                             a.scale};
   const int num_key_tiles = (a.seq_kv + kBlockCols - 1) / kBlockCols;
   const long long blocks = heads_total_kv * num_key_tiles;
   kernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, a.stream>>>(
@@ -163,7 +172,8 @@ flash::Status launch(const Launch& a) {
 size_t backward_workspace_size(int batch, int heads_q, int /*heads_kv*/, int seq_q, int /*seq_kv*/, int head_dim) {
   if (batch < 1 || heads_q < 1 || seq_q < 1 || head_dim < 1) return 0;
   const long long rows = static_cast<long long>(batch) * heads_q * padded_rows_per_head(seq_q);
-  return static_cast<size_t>(rows) * (2 + head_dim) * sizeof(float) + static_cast<size_t>(rows / kCounterRows) * sizeof(int);
+  return static_cast<size_t>(rows) * (2 + head_dim) * sizeof(float) +
+         static_cast<size_t>(rows / kCounterRows) * sizeof(int);
 }
 
 size_t backward_shared_bytes(int head_dim) {
@@ -201,8 +211,8 @@ flash::Status backward(const void* q, const void* k, const void* v, const void* 
                                           head_dim, scale, dtype, workspace, workspace_bytes);
   if (!status.ok()) return status;
 #if defined(FLASH_STAGE14_SM90A)
-  const Launch a{q,     k,       v,      o,      lse,           d_o,   dq,     dk,        dv,    batch, heads_q, heads_kv,
-                 seq_q, seq_kv, scale, causal, deterministic, dtype, workspace, stream};
+  const Launch a{q,       k,        v,     o,      lse,   d_o,    dq,            dk,    dv,        batch,
+                 heads_q, heads_kv, seq_q, seq_kv, scale, causal, deterministic, dtype, workspace, stream};
   if (dtype == flash::DType::kFp16)
     return head_dim == 64 ? launch<__half, 64>(a) : launch<__half, 128>(a);
   return head_dim == 64 ? launch<__nv_bfloat16, 64>(a) : launch<__nv_bfloat16, 128>(a);

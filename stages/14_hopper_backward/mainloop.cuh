@@ -310,7 +310,8 @@ __device__ void produce(const Smem<Element, Tiles>& sm, const BlockWork& w, cons
     if (!issuer) continue;
     mbarrier_arrive_expect_tx(sm.q_full(s), L::kQBytes + L::kRowBytes);
 #pragma unroll
-    for (int p = 0; p < Tiles::kPanels; ++p) tma_load_3d(sm.q(s, p), q_map, sm.q_full(s), p * kPanelCols, first_row, q_bh);
+    for (int p = 0; p < Tiles::kPanels; ++p)
+      tma_load_3d(sm.q(s, p), q_map, sm.q_full(s), p * kPanelCols, first_row, q_bh);
     hopper::bulk_load(sm.lse2(s), lse2 + row_offset, L::kRowBytes, sm.q_full(s));
     mbarrier_arrive_expect_tx(sm.do_full(s), L::kQBytes + L::kRowBytes);
 #pragma unroll
