@@ -19,6 +19,7 @@ namespace tensor_map {
 // function we call (PFN_cuTensorMapEncodeTiled_v12000, cudaTypedefs.h).
 constexpr unsigned kEncodeAbiVersion = 12000;
 
+// The driver's cuTensorMapEncodeTiled, looked up once per process; the status of the lookup.
 inline flash::Status encoder(PFN_cuTensorMapEncodeTiled_v12000* encode) {
   static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
   static cudaError_t err = cudaSuccess;
