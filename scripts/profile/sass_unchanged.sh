@@ -52,11 +52,13 @@ flags() {
     inc+=(-I "$top/stages" -I "$top/bench")
     for dir in "$top"/stages/*/; do inc+=(-I "${dir%/}"); done
   fi
-  # The Hopper stages are built for sm_90a with the definition that turns their kernels on
-  # (CMakeLists.txt); compiled for plain sm_90 they would be the stubs that refuse every call.
+  # The Hopper stages, their exercises and stage 12's ladder are built for sm_90a with the definition
+  # that turns their kernels on (CMakeLists.txt); compiled for plain sm_90 they would be the stubs that
+  # refuse every call.
   local -a arch=(-arch=sm_90)
   case $file in
-    stages/12_hopper/* | stages/14_hopper_backward/*)
+    stages/12_hopper/* | stages/14_hopper_backward/* | exercises/12_hopper/* | exercises/14_hopper_backward/* | \
+      bench/stage12_ladder/*)
       arch=(-gencode arch=compute_90a,code=sm_90a -DFLASH_STAGE12_SM90A=1 -DFLASH_STAGE14_SM90A=1) ;;
   esac
   printf '%s\n' -O3 -std=c++17 "${arch[@]}" "${inc[@]}"
