@@ -39,7 +39,7 @@ tree_commit=$(git rev-parse --short HEAD)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/base" "$work/out"
-mapfile -t folders < <(git ls-tree --name-only "$base_commit" -- common harness stages bench)
+mapfile -t folders < <(git ls-tree --name-only "$base_commit" -- common harness stages bench exercises)
 git archive "$base_commit" -- "${folders[@]}" ':(exclude)bench/results' | tar -x -C "$work/base"
 
 # The include folders the build gives FILE, below the tree root $1: common/ and harness/ for all, the
