@@ -48,6 +48,11 @@ git archive "$base_commit" -- "${folders[@]}" ':(exclude)bench/results' | tar -x
 flags() {
   local top=$1 file=$2
   local -a inc=(-I "$top/common" -I "$top/harness" -I "$top/$(dirname "$file")")
+  # An exercise's header is its stage's (the build adds the stage's folder).
+  if [[ $file == exercises/* ]]; then
+    local folder=${file#exercises/}
+    inc+=(-I "$top/stages/${folder%%/*}")
+  fi
   if [[ $file == bench/* ]]; then
     inc+=(-I "$top/stages" -I "$top/bench")
     for dir in "$top"/stages/*/; do inc+=(-I "${dir%/}"); done
