@@ -33,6 +33,11 @@ constexpr int kConsumerRegisters = 240;
 constexpr int kLoadWarp = 0;
 constexpr int kDqWarp = 1;
 
+__device__ inline void red_add_v4(float* address, float a, float b, float c, float d) {
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(address), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+}
+
 // Deterministic mode: spins until `counter` (in global memory) reaches `expected`, then orders what
 // it saw before this thread's next async-proxy access (the copy engine's add).
 __device__ inline void wait_for_count(const int* counter, int expected) {
@@ -110,7 +115,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warp = (threadIdx.x % kWarpgroupThreads) / 32;
     if (warp == kLoadWarp)
       produce<Element, Tiles>(sm, work, problem, &q_map, &k_map, &v_map, &do_map, lse2, d);
-    if (warp == kDqWarp) add_dq_shares<Tiles, kCausal, kDeterministic>(sm.dq(), work, problem, dq_accum, dq_counters);
+    if (kDeterministic && warp == kDqWarp)
+      add_dq_shares<Tiles, kCausal, kDeterministic>(sm.dq(), work, problem, dq_accum, dq_counters);
     return;
   }
   hopper::setmaxnreg_inc<kConsumerRegisters>();
@@ -121,20 +127,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   mbarrier_wait(sm.kv_full(), 0);
 
   const int steps = work.steps();
-  // A step's dQ share is staged for the dQ warp at the start of the next step, after that step's S^T
-  // is issued, so that the tensor cores compute S^T meanwhile. (Every wgmma is waited for within its
-  // step: ptxas serializes all of a kernel's wgmma when one is still in flight at the loop's end.)
-  float acc_dq[kWgmmaM / 2];
-  auto stage_dq_share = [&] {
-    float* staging = sm.dq();
-    hopper::named_barrier_sync<kDqFreeBarrier, kConsumersAndWarp>();
-#pragma unroll
-    for (int j = 0; j < kWgmmaM / 8; ++j)
-      *reinterpret_cast<float4*>(staging + dq_share_offset(warpgroup, j, thread)) =
-          make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
-    hopper::fence_proxy_async_shared();  // the staging stores, before the copy engine reads them
-    hopper::named_barrier_arrive<kDqStagedBarrier, kConsumersAndWarp>();
-  };
   auto step = [&](int n, auto masked) {
     int q_bh, q_tile;
     work.step(n, q_bh, q_tile);
@@ -143,14 +135,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int first_row = q_tile * kBlockRows;
     float s_t[kBlockRows / 2];
     float dp_t[kBlockRows / 2];
-    // 1. S^T; the last step's dQ share staged while it runs; then dP^T.
+    // 1. S^T and dP^T.
     mbarrier_wait(sm.q_full(s), parity);
     wgmma_fence();
     issue_transposed_scores<Element, Tiles>(s_t, sm.k(0), sm.q(s, 0), warpgroup);
     wgmma_commit_group();
-    if (n > 0) stage_dq_share();
     mbarrier_wait(sm.do_full(s), parity);
-    wgmma_fence();
     issue_transposed_scores<Element, Tiles>(dp_t, sm.v(0), sm.d_o(s, 0), warpgroup);
     wgmma_commit_group();
     // 2. P^T while dP^T runs, then dS^T.
@@ -171,7 +161,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     store_ds<Element, Tiles>(sm, n, ds_frag, at);
     hopper::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
     hopper::named_barrier_sync<kDsWrittenBarrier, kConsumerThreads>();
-    // 4. The warpgroup's share of dQ.
+    // 4. The warpgroup's share of dQ, staged for the dQ warp.
+    float acc_dq[kWgmmaM / 2];
     wgmma_fence();
     issue_dq_share<Element, Tiles>(acc_dq, sm, n, warpgroup);
     wgmma_commit_group();
@@ -184,6 +175,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Every product that read Q and dO is done, and lse and D were read: the load warp may refill the
     // stage (it waits only for the stages it loads again).
     if (n + kStages < steps) stage_free_arrive(s);
+    if constexpr (!kDeterministic) {
+      const long long tile = static_cast<long long>(q_bh) * (problem.padded_seq_q / kBlockRows) + q_tile;
+      float* share = dq_accum + tile * SharedLayout<Tiles>::kDqFloats;
+#pragma unroll
+      for (int j = 0; j < kWgmmaM / 8; ++j)
+        red_add_v4(share + dq_share_offset(warpgroup, j, thread), acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2],
+                   acc_dq[4 * j + 3]);
+      return;
+    }
+    float* staging = sm.dq();
+    hopper::named_barrier_sync<kDqFreeBarrier, kConsumersAndWarp>();
+#pragma unroll
+    for (int j = 0; j < kWgmmaM / 8; ++j)
+      *reinterpret_cast<float4*>(staging + dq_share_offset(warpgroup, j, thread)) =
+          make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
+    hopper::fence_proxy_async_shared();  // the staging stores, before the copy engine reads them
+    hopper::named_barrier_arrive<kDqStagedBarrier, kConsumersAndWarp>();
   };
 
   for (int n = 0; n < steps; ++n) {
@@ -194,7 +202,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     else
       step(n, Unmasked{});
   }
-  if (steps > 0) stage_dq_share();
 
   // dK = scale * sum dS^T Q and dV, rounded to Element; rows past seq_kv are not written.
   const long long kv_row0 = static_cast<long long>(work.kv_bh) * problem.seq_kv;
