@@ -33,11 +33,6 @@ constexpr int kConsumerRegisters = 240;
 constexpr int kLoadWarp = 0;
 constexpr int kDqWarp = 1;
 
-__device__ inline void red_add_v4(float* address, float a, float b, float c, float d) {
-  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(address), "f"(a), "f"(b), "f"(c), "f"(d)
-               : "memory");
-}
-
 // Deterministic mode: spins until `counter` (in global memory) reaches `expected`, then orders what
 // it saw before this thread's next async-proxy access (the copy engine's add).
 __device__ inline void wait_for_count(const int* counter, int expected) {
@@ -115,8 +110,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int warp = (threadIdx.x % kWarpgroupThreads) / 32;
     if (warp == kLoadWarp)
       produce<Element, Tiles>(sm, work, problem, &q_map, &k_map, &v_map, &do_map, lse2, d);
-    if (kDeterministic && warp == kDqWarp)
-      add_dq_shares<Tiles, kCausal, kDeterministic>(sm.dq(), work, problem, dq_accum, dq_counters);
+    if (warp == kDqWarp) add_dq_shares<Tiles, kCausal, kDeterministic>(sm.dq(), work, problem, dq_accum, dq_counters);
     return;
   }
   hopper::setmaxnreg_inc<kConsumerRegisters>();
@@ -175,15 +169,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     // Every product that read Q and dO is done, and lse and D were read: the load warp may refill the
     // stage (it waits only for the stages it loads again).
     if (n + kStages < steps) stage_free_arrive(s);
-    if constexpr (!kDeterministic) {
-      const long long tile = static_cast<long long>(q_bh) * (problem.padded_seq_q / kBlockRows) + q_tile;
-      float* share = dq_accum + tile * SharedLayout<Tiles>::kDqFloats;
-#pragma unroll
-      for (int j = 0; j < kWgmmaM / 8; ++j)
-        red_add_v4(share + dq_share_offset(warpgroup, j, thread), acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2],
-                   acc_dq[4 * j + 3]);
-      return;
-    }
     float* staging = sm.dq();
     hopper::named_barrier_sync<kDqFreeBarrier, kConsumersAndWarp>();
 #pragma unroll
