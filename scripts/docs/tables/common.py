@@ -294,6 +294,10 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         beside gmma-inst); launches
       sanitizer/STEM/SUBJECT            "N of M": the lines of bench/results/STEM.txt naming SUBJECT that report
                                         a clean run, e.g. sanitizer/h100_sanitizer_stage11_12/stage12
+      overhead/CASE/this|against|ratio  host µs per eager call in h100_python_overhead.json, the package with
+                                        the custom operators (this) and before them (against), or this / against;
+                                        CASE: decode-paged, decode, forward, attention; overhead/all/max-ratio:
+                                        the largest ratio over the four
       ctest/passed|total|skipped|wall|TEST   the default suite's log, h100_ctest.log (TEST: a ctest name, its status)
       ctest-log/STEM/passed|total|...   the same of another ctest log, bench/results/STEM.log
       decode/PAGE/B/N/gbs|pct|us        stage 13's decode family in h100_bench_decode.json (PAGE 0: the

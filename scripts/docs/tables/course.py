@@ -123,3 +123,23 @@ def _traffic_ms(spec, parts, kind, runs, backward, compare, anchors):
                      if b["name"].startswith(f"stage{stage:02d}_") and f"/d{d}/causal0/seq:{COURSE_SEQ}/" in b["name"])
     copy = float((anchors if anchors is not None else load_anchors())["copy"])
     return f"{passes * workspace / (copy * 1e12) * 1e3:.1f}"
+
+
+OVERHEAD_CASES = {"decode-paged": "flash_stages.decode_paged, 1x256 in 16 pages",
+                  "decode": "flash_stages.forward, stage 13, decode 1x256",
+                  "forward": "flash_stages.forward, stage 10, 64x64",
+                  "attention": "flash_stages.attention, no grad, 64x64"}
+
+
+@value_kind("overhead")
+def _overhead(spec, parts, kind, runs, backward, compare, anchors):
+    # overhead/CASE/this|against|ratio|max-ratio: h100_python_overhead.json (tests/python/overhead.py --against),
+    # CASE a key of OVERHEAD_CASES; max-ratio: the largest this / against over every case (CASE: all)
+    from .common import RESULTS
+    results = {r["case"]: r for r in json.loads((RESULTS / "h100_python_overhead.json").read_text())["results"]}
+    if parts[2] == "max-ratio":
+        return f"{max(r['this_over_against'] for r in results.values()):.2f}"
+    row = results[OVERHEAD_CASES[parts[1]]]
+    if parts[2] == "ratio":
+        return f"{row['this_over_against']:.2f}"
+    return f"{row[parts[2] + '_median_us']:.1f}"
