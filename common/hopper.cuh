@@ -389,6 +389,17 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
          swizzle << 62;
 }
 
+// The descriptor `descriptor` with its start moved `bytes` (a multiple of 16) further into shared
+// memory: the start address is the low field, in 16-byte units, and stays below 2^18 bytes, so the add
+// never carries into the next field. The add is opaque to the compiler: computed where the wgmma is
+// issued, not hoisted out of the loop around it, where one descriptor per k-step of every operand
+// would stay live through the loop (or be spilled) instead of one per operand.
+__device__ inline uint64_t advance_descriptor(uint64_t descriptor, uint32_t bytes) {
+  uint64_t moved;
+  asm volatile("add.s64 %0, %1, %2;" : "=l"(moved) : "l"(descriptor), "l"(static_cast<uint64_t>(bytes >> 4)));
+  return moved;
+}
+
 /// \cond HOPPER_INTERNAL
 // The accumulator operands of one wgmma: N / 2 floats per thread, as "+f" asm operands.
 #define FLASH_WGMMA_ACC8(d, i)                                                                             \

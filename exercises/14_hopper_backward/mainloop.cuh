@@ -24,6 +24,7 @@
 
 namespace stage14 {
 
+using hopper::advance_descriptor;
 using hopper::fence_registers;
 using hopper::matrix_descriptor;
 using hopper::mbarrier_arrive;
@@ -235,8 +236,8 @@ constexpr uint32_t kSbo = kAtomBytes;
 template <int kPanelBytes>
 __device__ inline uint64_t k_major_descriptor(const unsigned char* panel0, int ks) {
   constexpr int kStepsPerPanel = kSwizzleBytes / kKStepBytes;  // 4
-  return matrix_descriptor(panel0 + (ks / kStepsPerPanel) * kPanelBytes + (ks % kStepsPerPanel) * kKStepBytes,
-                           kKMajorLbo, kSbo);
+  return advance_descriptor(matrix_descriptor(panel0, kKMajorLbo, kSbo),
+                            (ks / kStepsPerPanel) * kPanelBytes + (ks % kStepsPerPanel) * kKStepBytes);
 }
 
 // MN-major operands (the M or N dimension contiguous, the k dimension along the rows: Q and dO as
@@ -245,7 +246,7 @@ __device__ inline uint64_t k_major_descriptor(const unsigned char* panel0, int k
 // of N to the next, SBO from one group of 8 rows to the next (1024).
 template <int kPanelBytes>
 __device__ inline uint64_t mn_major_descriptor(const unsigned char* panel0, int ks) {
-  return matrix_descriptor(panel0 + ks * kWgmmaK * kSwizzleBytes, kPanelBytes, kSbo);
+  return advance_descriptor(matrix_descriptor(panel0, kPanelBytes, kSbo), ks * kWgmmaK * kSwizzleBytes);
 }
 
 // The block's barriers, before any thread uses them.
