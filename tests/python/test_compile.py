@@ -167,6 +167,10 @@ def test_compiled_decode_and_forward():
 
 STEPS = 10
 LOSS_RTOL = 2e-2
+# Within a few steps the loss falls to ~1e-4, where the compiled model's fused elementwise ops (layer
+# norm, GELU, the loss) differ from eager's by more than 2 % of the loss itself: an absolute term too,
+# a thousandth of a nat, far below the first steps' losses (~3.5).
+LOSS_ATOL = 1e-3
 
 
 class Block(torch.nn.Module):
@@ -229,7 +233,7 @@ def test_compiled_bf16_model_trains_like_eager():
     compiled = train(compiled_model, batches, torch.compile(compiled_model, fullgraph=True))
     assert eager[-1] < 0.8 * eager[0], f"the model does not learn: {eager}"
     for step, (a, b) in enumerate(zip(compiled, eager)):
-        assert abs(a - b) <= LOSS_RTOL * abs(b), f"step {step}: compiled loss {a:.5f}, eager {b:.5f}"
+        assert abs(a - b) <= LOSS_RTOL * abs(b) + LOSS_ATOL, f"step {step}: compiled loss {a:.5f}, eager {b:.5f}"
 
 
 # ---- CUDA graphs ----
