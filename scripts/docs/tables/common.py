@@ -214,7 +214,8 @@ def value(spec, runs=None, backward=None, compare=None, anchors=None):
                                         speed over the default mode's)
         (in half-geo, half-min and the kinds below, TAG may be "both": the cells of bf16 and fp16
         together; and a fifth part dD keeps the cells of one head_dim, e.g. half-geo/both/stage12/sdpa-cudnn/d64)
-      half-min-at/TAG/IMPL[/BASE], half-max-at/...   where the lowest (highest) cell is, in words
+      half-min-at/TAG/IMPL[/BASE], half-max-at/..., half-bwd-min-at/..., half-bwd-max-at/...   where the
+                                        lowest (highest) cell is, in words (forward; backward)
                                         ("head_dim 64, causal, N = 1024"; the dtype first when TAG is both)
       half-below/TAG/IMPL[/BASE]        how many cells are below BASE as printed: "K of M"
       half-below-floor/TAG/IMPL[/BASE]  the same below the targets' floor, 0.9x as printed

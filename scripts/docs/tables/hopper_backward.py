@@ -253,17 +253,18 @@ def ncu_stage14_table():
 
 VARIANTS_FILE = "h100_stage14_variants_bf16.txt"
 VARIANT_RUNS = (("scores-ahead", "ceb7008", "the next step's $S^\\top$ issued before this step's dQ share is staged"),
-                ("red-v4", "aba51c0", "dQ's share added from the consumers' registers by `red.global.add.v4.f32`"))
+                ("red-v4", "aba51c0", "dQ's share added from the consumers' registers by `red.global.add.v4.f32`"),
+                ("descriptors-at-issue", "fa0b401, kept", "each `wgmma`'s descriptors advanced where it is issued"))
 
 
 def load_variants():
-    """{(run, 'kept' | 'variant', d, causal, n): [stage 14's TFLOP/s, one per round]} of VARIANTS_FILE."""
+    """{(run, 'baseline' | 'variant', d, causal, n): [stage 14's TFLOP/s, one per round]} of VARIANTS_FILE."""
     import re
     found, key = {}, None
     for line in (RESULTS / VARIANTS_FILE).read_text().splitlines():
-        head = re.match(r"## (\S+) run, round \d+: (kept kernel|variant)", line)
+        head = re.match(r"## (\S+) run, round \d+: (baseline|variant)", line)
         if head:
-            key = (head[1], "kept" if head[2] == "kept kernel" else "variant")
+            key = (head[1], head[2])
             continue
         cell = re.match(r"d(\d+) N(\d+) causal=(\d) s14=(\d+)", line)
         if cell and key:
@@ -273,8 +274,8 @@ def load_variants():
 
 
 def stage14_variants_table():
-    """Each variant against the kept kernel in its run: the median over rounds of stage 14's TFLOP/s per
-    cell, the variant's over the kept kernel's, and the geometric mean of that per head_dim."""
+    """Each variant against the baseline (stage 14 at 3e1012a) in its run: the median over rounds of stage
+    14's TFLOP/s per cell, the variant's over the baseline's, and the geometric mean of that per head_dim."""
     import statistics
     found = load_variants()
     seqs = sorted({k[4] for k in found})
@@ -285,16 +286,16 @@ def stage14_variants_table():
             ratios, cells = [], []
             for c in (0, 1):
                 for n in seqs:
-                    kept = statistics.median(found[(run, "kept", d, c, n)])
+                    kept = statistics.median(found[(run, "baseline", d, c, n)])
                     var = statistics.median(found[(run, "variant", d, c, n)])
                     ratios.append(var / kept)
                     cells.append(f"{var / kept:.2f}")
             lines.append(f"| {what} ({commit}) | {d} | " + " | ".join(cells) + f" | {geo_mean(ratios):.2f} |")
-    rounds = {run: len(found[(run, "kept", 64, 0, seqs[0])]) for run, _, _ in VARIANT_RUNS}
+    rounds = {run: len(found[(run, "baseline", 64, 0, seqs[0])]) for run, _, _ in VARIANT_RUNS}
     lines.append("")
     lines.append("Stage 14's backward, bf16, on the FlashAttention grid (B·N = 16384, H·d = 2048), NVIDIA H100 80GB "
-                 "HBM3: each variant's TFLOP/s over the kept kernel's, each the median over the run's rounds ("
+                 "HBM3: each variant's TFLOP/s over the baseline's (stage 14 at 3e1012a), each the median over the run's rounds ("
                  + ", ".join(f"{run}: {k}" for run, k in rounds.items()) + ") of `scripts/device/time_backward.py`'s "
-                 "median of 20 calls; the two builds alternated in one run, the kept kernel first. Above 1: the "
+                 "median of 20 calls; the two builds alternated in one run, the baseline first. Above 1: the "
                  f"variant is faster. From `bench/results/{VARIANTS_FILE}`.")
     return "\n".join(lines)

@@ -34,7 +34,7 @@ def _compare(spec, parts, kind, runs, backward, compare, anchors):
     return f"{compare[(impl, direction, d, c, n)] / compare[(stage, direction, d, c, n)]:.2f}"
 
 
-@value_kind("half", "half-geo", "half-min", "half-max", "half-bwd", "half-bwd-geo", "half-bwd-min", "half-bwd-max", "half-min-at", "half-max-at", "half-below", "half-below-floor", "half-geo3", "half-bwd-geo3")
+@value_kind("half", "half-geo", "half-min", "half-max", "half-bwd", "half-bwd-geo", "half-bwd-min", "half-bwd-max", "half-min-at", "half-max-at", "half-bwd-min-at", "half-bwd-max-at", "half-below", "half-below-floor", "half-geo3", "half-bwd-geo3")
 def _half(spec, parts, kind, runs, backward, compare, anchors):
     direction = "backward" if kind.startswith("half-bwd") else "forward"
     kind = kind.replace("-bwd", "")
