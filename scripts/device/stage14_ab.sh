@@ -12,8 +12,8 @@ out=${OUT:-gpu-logs}
 mkdir -p "$out"
 stage=stages/14_hopper_backward
 work=$(mktemp -d)
-cp $stage/* "$work/"  # the working tree's stage, put back at the end (build/ is then A's)
-trap 'cp "$work"/* $stage/; rm -rf "$work"' EXIT
+mkdir "$work/stage" && cp $stage/* "$work/stage/"  # the working tree's stage, put back at the end (build/ is then A's)
+trap 'cp "$work"/stage/* $stage/; rm -rf "$work"' EXIT
 stamp() { echo "[$(date +%T)] $*"; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 cmake -S . -B build -DFLASH_TESTS=ON -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/configure.log" 2>&1
