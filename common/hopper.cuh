@@ -391,9 +391,9 @@ __device__ inline uint64_t matrix_descriptor(const void* start, uint32_t leading
 
 // The descriptor `descriptor` with its start moved `bytes` (a multiple of 16) further into shared
 // memory: the start address is the low field, in 16-byte units, and stays below 2^18 bytes, so the add
-// never carries into the next field. The add is opaque to the compiler: computed where the wgmma is
-// issued, not hoisted out of the loop around it, where one descriptor per k-step of every operand
-// would stay live through the loop (or be spilled) instead of one per operand.
+// never carries into the next field. The add is opaque to the compiler so that it stays where the wgmma
+// is issued: hoisted out of a loop, the descriptors of every k-step of every operand would all stay
+// live through the loop (or be spilled), where this way one per operand does.
 __device__ inline uint64_t advance_descriptor(uint64_t descriptor, uint32_t bytes) {
   uint64_t moved;
   asm volatile("add.s64 %0, %1, %2;" : "=l"(moved) : "l"(descriptor), "l"(static_cast<uint64_t>(bytes >> 4)));
