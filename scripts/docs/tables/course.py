@@ -4,8 +4,8 @@ running text that come from the benchmark's JSON and the runner's output."""
 import json
 import re
 
-from .common import (BENCH, COURSE_GRID, COURSE_SEQ, FP32_PEAK_TFLOPS, RUNNER, load_anchors, load_bench, value,
-                     value_kind)
+from .common import (BENCH, COURSE_GRID, COURSE_SEQ, FP32_PEAK_TFLOPS, RESULTS, RUNNER, load_anchors, load_bench,
+                     value, value_kind)
 
 
 def course_table(runs):
@@ -135,7 +135,6 @@ OVERHEAD_CASES = {"decode-paged": "flash_stages.decode_paged, 1x256 in 16 pages"
 def _overhead(spec, parts, kind, runs, backward, compare, anchors):
     # overhead/CASE/this|against|ratio|max-ratio: h100_python_overhead.json (tests/python/overhead.py --against),
     # CASE a key of OVERHEAD_CASES; max-ratio: the largest this / against over every case (CASE: all)
-    from .common import RESULTS
     results = {r["case"]: r for r in json.loads((RESULTS / "h100_python_overhead.json").read_text())["results"]}
     if parts[2] == "max-ratio":
         return f"{max(r['this_over_against'] for r in results.values()):.2f}"

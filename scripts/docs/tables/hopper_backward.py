@@ -7,6 +7,8 @@ profile file is not there yet, each table and phrase says "not measured yet" and
 so that make_tables --check passes until the files are committed, and then fills them in."""
 import csv
 import json
+import re
+import statistics
 
 from .common import RESULTS, TARGET_FLOOR, geo_mean, value_kind
 
@@ -259,7 +261,6 @@ VARIANT_RUNS = (("scores-ahead", "ceb7008", "the next step's $S^\\top$ issued be
 
 def load_variants():
     """{(run, 'baseline' | 'variant', d, causal, n): [stage 14's TFLOP/s, one per round]} of VARIANTS_FILE."""
-    import re
     found, key = {}, None
     for line in (RESULTS / VARIANTS_FILE).read_text().splitlines():
         head = re.match(r"## (\S+) run, round \d+: (baseline|variant)", line)
@@ -276,7 +277,6 @@ def load_variants():
 def stage14_variants_table():
     """Each variant against the baseline (stage 14 at 3e1012a) in its run: the median over rounds of stage
     14's TFLOP/s per cell, the variant's over the baseline's, and the geometric mean of that per head_dim."""
-    import statistics
     found = load_variants()
     seqs = sorted({k[4] for k in found})
     lines = ["| variant | head_dim | " + " | ".join(f"N {n}{', causal' if c else ''}" for c in (0, 1) for n in seqs)
