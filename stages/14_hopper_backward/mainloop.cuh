@@ -167,12 +167,13 @@ struct ProblemShape {
 struct BlockWork {
   int kv_bh, key_tile, num_key_tiles, first_key, first_q_tile, num_q_tiles, group;
   int first_q_bh;  // batch * heads_q + the group's first query head
+  int rotation;    // the place in each head's query tiles where the block starts (block_work says why)
   __device__ int steps() const { return group * (num_q_tiles - first_q_tile); }
   // Step n's query head and query tile.
   __device__ void step(int n, int& q_bh, int& q_tile) const {
     const int per_head = num_q_tiles - first_q_tile;
     q_bh = first_q_bh + n / per_head;
-    q_tile = first_q_tile + n % per_head;
+    q_tile = first_q_tile + (n % per_head + rotation) % per_head;
   }
 };
 
@@ -197,6 +198,13 @@ __device__ inline BlockWork block_work(const ProblemShape& p) {
   // is first seen by row first_key - (seq_kv - seq_q). Every key is seen by the last row.
   const int first_row = kCausal ? max(0, w.first_key - (p.seq_kv - p.seq_q)) : 0;
   w.first_q_tile = first_row / Tiles::kBlockRows;
+  // Without the mask every block of a head would take the same query tile at the same time, and all
+  // their dQ additions would go to the same addresses of the L2 at once; each block starts at its own
+  // place instead, spread evenly over the tiles (the sum does not depend on the order). With the mask
+  // the blocks start at their own diagonals already, and the deterministic mode needs the common order
+  // (dq_add_rank).
+  const int per_head = w.num_q_tiles - w.first_q_tile;
+  w.rotation = kCausal || kDeterministic ? 0 : static_cast<int>(static_cast<long long>(w.key_tile) * per_head / w.num_key_tiles);
   return w;
 }
 
