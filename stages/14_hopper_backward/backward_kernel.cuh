@@ -121,17 +121,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   mbarrier_wait(sm.kv_full(), 0);
 
   const int steps = work.steps();
-  float s_t[kBlockRows / 2] = {};
-  float dp_t[kBlockRows / 2] = {};
-  // dS^T as dK's A operand: read by the dK product of step n while step n + 1's S^T and dP^T start.
-  uint32_t ds_frag[kBlockRows / 16][4];
-  auto step = [&](int n) {
+  auto step = [&](int n, auto masked) {
     int q_bh, q_tile;
     work.step(n, q_bh, q_tile);
     const int s = stage_of(n);
     const uint32_t parity = parity_of(n);
     const int first_row = q_tile * kBlockRows;
-    // 1. S^T and dP^T, queued behind the previous step's dK.
+    float s_t[kBlockRows / 2];
+    float dp_t[kBlockRows / 2];
+    // 1. S^T and dP^T.
     mbarrier_wait(sm.q_full(s), parity);
     wgmma_fence();
     issue_transposed_scores<Element, Tiles>(s_t, sm.k(0), sm.q(s, 0), warpgroup);
@@ -139,41 +137,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbarrier_wait(sm.do_full(s), parity);
     issue_transposed_scores<Element, Tiles>(dp_t, sm.v(0), sm.d_o(s, 0), warpgroup);
     wgmma_commit_group();
-    // 2. P^T while dP^T runs, then dV += P^T dO behind dP^T.
-    wgmma_wait_group<1>();  // S^T, and the previous step's dK before it
+    // 2. P^T while dP^T runs, then dS^T.
+    wgmma_wait_group<1>();
     fence_registers(s_t);
-    // Every product of the previous step is done: the load warp may refill its stage (it waits only
-    // for the stages it loads again).
-    probabilities<Tiles, kCausal>(s_t, sm.lse2(s), at, work.first_key, first_row, problem,
-                                  needs_mask<Tiles, kCausal>(problem, work.first_key, q_tile));
-    uint32_t p_frag[kBlockRows / 16][4];
-    to_a_fragments<Element, kBlockRows>(s_t, p_frag);
-    auto issue_dv = [&] {
-      wgmma_fence();
-      issue_key_gradient<Element, Tiles>(acc_dv, p_frag, sm.d_o(s, 0));
-      wgmma_commit_group();
-    };
-    if constexpr (Tiles::kDvBeforeScoreGradients) issue_dv();
-    // 3. dS^T (while dV runs, where it comes first); to shared memory for dQ.
-    wgmma_wait_group<Tiles::kDvBeforeScoreGradients ? 1 : 0>();  // dP^T
+    probabilities<Tiles, kCausal, decltype(masked)::value>(s_t, sm.lse2(s), at, work.first_key, first_row, problem);
+    wgmma_wait_group<0>();
     fence_registers(dp_t);
-    score_gradients<Element, Tiles>(dp_t, s_t, sm.d(s), at, ds_frag);
-    if constexpr (!Tiles::kDvBeforeScoreGradients) issue_dv();
+    score_gradients<Tiles>(dp_t, s_t, sm.d(s), at);
+    uint32_t p_frag[kBlockRows / 16][4], ds_frag[kBlockRows / 16][4];
+    to_a_fragments<Element, kBlockRows>(s_t, p_frag);
+    to_a_fragments<Element, kBlockRows>(dp_t, ds_frag);
+    // 3. dV and dK; dS^T to shared memory meanwhile.
+    wgmma_fence();
+    issue_key_gradient<Element, Tiles>(acc_dv, p_frag, sm.d_o(s, 0));
+    issue_key_gradient<Element, Tiles>(acc_dk, ds_frag, sm.q(s, 0));
+    wgmma_commit_group();
     store_ds<Element, Tiles>(sm, n, ds_frag, at);
     hopper::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
     hopper::named_barrier_sync<kDsWrittenBarrier, kConsumerThreads>();
-    // 4. The warpgroup's share of dQ, then dK += dS^T Q behind it: the share is staged for the dQ warp
-    // while dK runs.
+    // 4. The warpgroup's share of dQ, staged for the dQ warp.
     float acc_dq[kWgmmaM / 2];
     wgmma_fence();
     issue_dq_share<Element, Tiles>(acc_dq, sm, n, warpgroup);
     wgmma_commit_group();
-    issue_key_gradient<Element, Tiles>(acc_dk, ds_frag, sm.q(s, 0));
-    wgmma_commit_group();
-    wgmma_wait_group<1>();  // dV and the dQ share
+    wgmma_wait_group<0>();
     fence_registers(acc_dq);
+    fence_registers(acc_dk);
     fence_registers(acc_dv);
     fence_registers(p_frag);
+    fence_registers(ds_frag);
+    // Every product that read Q and dO is done, and lse and D were read: the load warp may refill the
+    // stage (it waits only for the stages it loads again).
+    if (n + kStages < steps) stage_free_arrive(s);
     float* staging = sm.dq();
     hopper::named_barrier_sync<kDqFreeBarrier, kConsumersAndWarp>();
 #pragma unroll
@@ -182,18 +177,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
     hopper::fence_proxy_async_shared();  // the staging stores, before the copy engine reads them
     hopper::named_barrier_arrive<kDqStagedBarrier, kConsumersAndWarp>();
-    wgmma_wait_group<0>();  // dK
-    fence_registers(acc_dk);
-    fence_registers(ds_frag);
-    // Every product that read Q and dO is done, and lse and D were read: the load warp may refill the
-    // stage (it waits only for the stages it loads again).
-    if (n + kStages < steps) stage_free_arrive(s);
   };
 
-  for (int n = 0; n < steps; ++n) step(n);
-  wgmma_wait_group<0>();  // the last step's dK
-  fence_registers(acc_dk);
-  fence_registers(ds_frag);
+  for (int n = 0; n < steps; ++n) {
+    int q_bh, q_tile;
+    work.step(n, q_bh, q_tile);
+    if (needs_mask<Tiles, kCausal>(problem, work.first_key, q_tile))
+      step(n, Masked{});
+    else
+      step(n, Unmasked{});
+  }
 
   // dK = scale * sum dS^T Q and dV, rounded to Element; rows past seq_kv are not written.
   const long long kv_row0 = static_cast<long long>(work.kv_bh) * problem.seq_kv;

@@ -82,7 +82,6 @@ struct BackwardTiles {
   static constexpr int kBlockRows = kHeadDim == 64 ? 128 : 64;  // Br
   static constexpr int kPanels = kHeadDim / kPanelCols;         // 64-column panels of Q, K, V, dO
   static constexpr int kDsPanels = kBlockRows / kPanelCols;     // 64-query panels of dS^T
-  static constexpr bool kDvBeforeScoreGradients = kHeadDim == 128;
   // The warpgroup's share of dQ: which dS^T panel it reads (its A) and which K panel (its B).
   __device__ static int dq_ds_panel(int consumer) { return kDsPanels == 1 ? 0 : consumer; }
   __device__ static int dq_k_panel(int consumer) { return kPanels == 1 ? 0 : consumer; }
@@ -167,13 +166,12 @@ struct ProblemShape {
 struct BlockWork {
   int kv_bh, key_tile, num_key_tiles, first_key, first_q_tile, num_q_tiles, group;
   int first_q_bh;  // batch * heads_q + the group's first query head
-  int rotation;    // the place in each head's query tiles where the block starts (block_work says why)
   __device__ int steps() const { return group * (num_q_tiles - first_q_tile); }
   // Step n's query head and query tile.
   __device__ void step(int n, int& q_bh, int& q_tile) const {
     const int per_head = num_q_tiles - first_q_tile;
     q_bh = first_q_bh + n / per_head;
-    q_tile = first_q_tile + (n % per_head + rotation) % per_head;
+    q_tile = first_q_tile + n % per_head;
   }
 };
 
@@ -198,13 +196,6 @@ __device__ inline BlockWork block_work(const ProblemShape& p) {
   // is first seen by row first_key - (seq_kv - seq_q). Every key is seen by the last row.
   const int first_row = kCausal ? max(0, w.first_key - (p.seq_kv - p.seq_q)) : 0;
   w.first_q_tile = first_row / Tiles::kBlockRows;
-  // Without the mask every block of a head would take the same query tile at the same time, and all
-  // their dQ additions would go to the same addresses of the L2 at once; each block starts at its own
-  // place instead, spread evenly over the tiles (the sum does not depend on the order). With the mask
-  // the blocks start at their own diagonals already, and the deterministic mode needs the common order
-  // (dq_add_rank).
-  const int per_head = w.num_q_tiles - w.first_q_tile;
-  w.rotation = kCausal || kDeterministic ? 0 : static_cast<int>(static_cast<long long>(w.key_tile) * per_head / w.num_key_tiles);
   return w;
 }
 
@@ -372,6 +363,10 @@ __device__ inline void issue_dq_share(float (&acc)[kWgmmaM / 2], const Smem<Elem
                                                  mn_major_descriptor<L::kKVPanelBytes>(k_panel, ks), ks > 0);
 }
 
+// The two instances of the step, as arguments to the kernel's lambda.
+using Masked = std::true_type;
+using Unmasked = std::false_type;
+
 // Where this thread's accumulator elements of a 64-key x N tile lie: with g = lane / 4, t = lane % 4
 // and warp w of the warpgroup, element 4i + 2h + e is key row 16w + g + 8h, column 8i + 2t + e.
 struct FragmentPlace {
@@ -387,10 +382,10 @@ struct FragmentPlace {
 // P^T = exp2(S^T * scale log2 e - lse log2 e) in place, in fp32, columns (queries) from lse2: a row of
 // the forward that saw no key has lse2 = +inf there (steps.cuh), so its P is 0. Masked: keys past a
 // query's last visible key, or past seq_kv, get 0.
-template <class Tiles, bool kCausal>
+template <class Tiles, bool kCausal, bool kMasked>
 __device__ inline void probabilities(float (&s)[Tiles::kBlockRows / 2], const float* lse2,
                                      const FragmentPlace& at, int first_key, int first_row,
-                                     const ProblemShape& problem, bool masked) {
+                                     const ProblemShape& problem) {
 #pragma unroll
   for (int i = 0; i < Tiles::kBlockRows / 8; ++i) {
     const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * at.t);
@@ -400,7 +395,7 @@ __device__ inline void probabilities(float (&s)[Tiles::kBlockRows / 2], const fl
       for (int e = 0; e < 2; ++e) {
         float& x = s[4 * i + 2 * h + e];
         x = exp2_approx(fmaf(x, problem.scale_log2, -(e == 0 ? l.x : l.y)));
-        if (masked) {
+        if constexpr (kMasked) {
           const int key = first_key + at.key0 + 8 * h;
           const int query = first_row + 8 * i + 2 * at.t + e;
           const int key_end =
@@ -412,20 +407,18 @@ __device__ inline void probabilities(float (&s)[Tiles::kBlockRows / 2], const fl
   }
 }
 
-// dS^T = P^T o (dP^T - D), with D of each column (query), rounded to Element straight into dK's A
-// fragments (to_a_fragments' layout, with 8-column block i in fragment i / 2). dP^T's registers are
-// only read: they are a wgmma's accumulators, and dV is still running when this runs.
-template <typename Element, class Tiles>
-__device__ inline void score_gradients(const float (&dp)[Tiles::kBlockRows / 2], const float (&p)[Tiles::kBlockRows / 2],
-                                       const float* d, const FragmentPlace& at,
-                                       uint32_t (&ds)[Tiles::kBlockRows / 16][4]) {
+// dS^T = P^T o (dP^T - D) in place in dp, with D of each column (query).
+template <class Tiles>
+__device__ inline void score_gradients(float (&dp)[Tiles::kBlockRows / 2], const float (&p)[Tiles::kBlockRows / 2],
+                                       const float* d, const FragmentPlace& at) {
 #pragma unroll
   for (int i = 0; i < Tiles::kBlockRows / 8; ++i) {
     const float2 dd = *reinterpret_cast<const float2*>(d + 8 * i + 2 * at.t);
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      ds[i / 2][2 * (i % 2) + h] = pack2<Element>(p[4 * i + 2 * h] * (dp[4 * i + 2 * h] - dd.x),
-                                                  p[4 * i + 2 * h + 1] * (dp[4 * i + 2 * h + 1] - dd.y));
+    for (int h = 0; h < 2; ++h) {
+      dp[4 * i + 2 * h] = p[4 * i + 2 * h] * (dp[4 * i + 2 * h] - dd.x);
+      dp[4 * i + 2 * h + 1] = p[4 * i + 2 * h + 1] * (dp[4 * i + 2 * h + 1] - dd.y);
+    }
   }
 }
 
