@@ -23,10 +23,13 @@ rotated among several sets all the same, so that no case is flattered by a warm 
 
 Timing: CUDA events around each call on PyTorch's current stream; one untimed warm-up, then timed
 calls until a per-case budget is spent (at least 3, at most 50); the median is reported. A cell's
-forwards are timed in ROUNDS interleaved rounds, each implementation's calls spread over them and the
-order rotated from round to round, so that every implementation of a cell meets the same GPU clocks:
-the GPU's power management moves them by up to a few tens of percent within a second (lesson 12, "A
-disturbed run"), and a ratio of two medians timed apart took that in. A case is
+forwards and backwards are timed in ROUNDS interleaved rounds, each implementation's calls spread over
+them and the order rotated from round to round, so that every implementation of a cell meets the same
+GPU clocks: the GPU's power management moves them by up to a few tens of percent within a second
+(lesson 12, "A disturbed run"; a sustained attention backward on the H100 reaches its 700 W limit),
+and a ratio of two medians timed apart took that in. The backwards of the paths that hold N x N
+matrices (naive-torch, sdpa-math) are timed at once instead, so that their graphs are not kept
+while the rest of the cell runs. A case is
 skipped, and the output says so, where it does not fit in free GPU memory (the O(N^2)-memory
 stages and PyTorch's naive and math paths at large N) or where the previous N's time predicts a
 call longer than --max-call-ms (3 s by default, which on an H100 skips nothing: the naive stages
@@ -62,6 +65,7 @@ Writes compare_<gpu>_decode.json, .md and .png (GB/s against seq_kv with the HBM
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -258,34 +262,35 @@ def main():
         times = [first] + timed_calls(fn, reps - 1, 2)
         return statistics.median(times), min(times), len(times), warm
 
-    cell_forwards = []  # [row, fn, calls the budget allows, ms so far] of the current cell
+    cell_deferred = []  # [row, fn, calls the budget allows, ms so far] of the current cell
 
     def defer_calls(fn):
-        """time_calls for a forward: the warm-up and the first timed call now, the rest in the cell's
+        """time_calls, deferred: the warm-up and the first timed call now, the rest in the cell's
         rounds (time_rounds); until then the row holds the first call's time."""
         warm, first, reps = warm_and_size(fn)
-        cell_forwards.append([None, fn, reps, [first]])
+        cell_deferred.append([None, fn, reps, [first]])
         return first, first, 1, warm
 
     def time_rounds(label):
-        """The cell's forwards in ROUNDS rounds, each with its share of its calls a round and the
+        """The cell's deferred cases in ROUNDS rounds, each with its share of its calls a round and the
         order rotated a place a round; each row gets the median and minimum over all its calls."""
-        cases = [c for c in cell_forwards if c[0] is not None and c[0]["status"] == "ok"]
-        with torch.no_grad():
-            for r in range(ROUNDS if cases else 0):
-                shift = r % len(cases)
-                for row, fn, reps, times in cases[shift:] + cases[:shift]:
-                    share = (reps - 1) * (r + 1) // ROUNDS - (reps - 1) * r // ROUNDS
+        cases = [c for c in cell_deferred if c[0] is not None and c[0]["status"] == "ok"]
+        for r in range(ROUNDS if cases else 0):
+            shift = r % len(cases)
+            for row, fn, reps, times in cases[shift:] + cases[:shift]:
+                share = (reps - 1) * (r + 1) // ROUNDS - (reps - 1) * r // ROUNDS
+                with torch.no_grad() if row["direction"] == "forward" else contextlib.nullcontext():
                     times += timed_calls(fn, share, len(times) + 1)
         for row, fn, reps, times in cases:
             ms = statistics.median(times)
+            direction = row["direction"]
             row.update(median_ms=ms, min_ms=min(times), runs=len(times),
                        tflops=flops(row["batch"], row["heads"], row["seq"], row["head_dim"], row["causal"],
-                                    "forward") / (ms * 1e-3) / 1e12)
-            last_ms[(row["impl"], "forward", row["head_dim"], row["causal"])] = (row["seq"], ms)
+                                    direction) / (ms * 1e-3) / 1e12)
+            last_ms[(row["impl"], direction, row["head_dim"], row["causal"])] = (row["seq"], ms)
             err = f" err {row['err_vs_ref']:.1e}" if row["err_vs_ref"] is not None else ""
-            log(t0, f"{label} | {row['impl']:14s} forward  {ms:9.3f} ms {row['tflops']:7.2f} TFLOP/s{err}")
-        cell_forwards.clear()
+            log(t0, f"{label} | {row['impl']:14s} {direction:8s} {ms:9.3f} ms {row['tflops']:7.2f} TFLOP/s{err}")
+        cell_deferred.clear()
 
     def rel_l2(x, ref):
         return (torch.linalg.vector_norm((x - ref).double()) / torch.linalg.vector_norm(ref.double())).item()
@@ -335,7 +340,9 @@ def main():
                                     raise Skip(f"slow: a call would take about {predicted:.1f} s (from the last N), "
                                                f"over --max-call-ms {args.max_call_ms:.0f}")
                             free = free_bytes()
-                            timer = defer_calls if direction == "forward" else time_calls
+                            # Interleaved in the cell's rounds, but for the backwards that hold N x N matrices.
+                            heavy_backward = direction == "backward" and quadratic.get(impl, {}).get(direction, 0)
+                            timer = time_calls if heavy_backward else defer_calls
                             if st is not None:
                                 need = 2 * shape[0] * shape[1] * shape[2] * shape[3] * dtype.itemsize * n_sets
                                 if direction == "forward":
@@ -357,8 +364,8 @@ def main():
                                                f"N x N matrices > 90% of {free / 2**30:.1f} GiB free")
                                 ms, mn, runs, out = run_torch(torch, torch_fn[impl], direction, sets, causal, scale,
                                                               mask, timer, heavy=bool(factor))
-                            if direction == "forward":
-                                cell_forwards[-1][0] = row
+                            if timer is defer_calls:
+                                cell_deferred[-1][0] = row
                             row.update(median_ms=ms, min_ms=mn, runs=runs,
                                        tflops=flops(batch, heads, seq, head_dim, causal, direction) / (ms * 1e-3)
                                        / 1e12)
@@ -387,7 +394,7 @@ def main():
                         except Exception as e:  # a bug in one case must not lose the others' results
                             row.update(status="error", reason=f"{type(e).__name__}: {str(e).splitlines()[0][:300]}")
                         results.append(row)
-                        if direction == "forward" and row["status"] == "ok":
+                        if row["status"] == "ok" and timer is defer_calls:
                             continue  # logged with its rounds' times
                         tf = f"{row['tflops']:7.2f} TFLOP/s" if row["tflops"] else ""
                         err = f" err {row['err_vs_ref']:.1e}" if row["err_vs_ref"] is not None else ""
@@ -407,7 +414,8 @@ def main():
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         python=platform.python_version(), dtype=args.dtype, tf32=False,
         grid=dict(tokens=TOKENS, hidden=HIDDEN, head_dims=HEAD_DIMS, seq_lens=seq_lens, causal=[False, True]),
-        timing=dict(method="CUDA events per call, median; a cell's forwards in interleaved rounds",
+        timing=dict(method="CUDA events per call, median; a cell's forwards and backwards in interleaved rounds "
+                           "(but the backwards of naive-torch and sdpa-math)",
                     rounds=ROUNDS, warmup_calls=1, min_runs=3, max_runs=50,
                     budget_ms=budget_s * 1e3, input_sets=n_sets, max_call_ms=args.max_call_ms),
         flops="forward 4*B*H*N^2*d, halved when causal; backward 2.5 x forward",

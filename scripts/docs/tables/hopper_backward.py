@@ -181,7 +181,12 @@ NCU14_ROWS = {
     "sm__throughput.avg.pct_of_peak_sustained_elapsed": ("SM throughput (% of peak)", 1),
     "dram__throughput.avg.pct_of_peak_sustained_elapsed": ("DRAM throughput (% of peak)", 1),
     "lts__t_sector_hit_rate.pct": ("L2 hit rate (% of sectors)", 1),
+    "l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed":
+        ("shared memory's data pipe busy (% of peak wavefronts)", 1),
     "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": ("shared-memory bank conflicts", 0),
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": ("L2 throughput (% of peak)", 1),
+    "lts__d_atomic_input_cycles_active.avg.pct_of_peak_sustained_elapsed": ("L2 reduction units busy (% of peak)", 1),
+    "smsp__cycles_elapsed.avg.per_second": ("SM clock (GHz)", 2),
     "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": ("stalled at a barrier, per issue", 2),
     "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio":
         ("stalled on the long scoreboard, per issue", 2),
@@ -195,6 +200,7 @@ NCU14_ROWS = {
 NCU14_FLOPS = 2.5 * 4 * 4 * 4096 * 4096 * 2048
 
 
+CLOCK_UNITS = {"cycle/second": 1e-9, "cycle/usecond": 1e-3, "cycle/nsecond": 1.0, "ghz": 1.0, "mhz": 1e-3}  # to GHz
 TIME_UNITS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3, "second": 1e3}
 
 
@@ -220,6 +226,8 @@ def ncu14_cell(found, stage, d, metric):
         return None, "n/a"
     if metric == "gpu__time_duration.sum":
         figure *= TIME_UNITS.get(unit, float("nan"))
+    if metric == "smsp__cycles_elapsed.avg.per_second":
+        figure *= CLOCK_UNITS.get(unit.lower(), float("nan"))
     return figure, f"{figure:,.{NCU14_ROWS[metric][1]}f}"
 
 
@@ -254,9 +262,18 @@ def ncu_stage14_table():
 
 
 VARIANTS_FILE = "h100_stage14_variants_bf16.txt"
-VARIANT_RUNS = (("scores-ahead", "ceb7008", "the next step's $S^\\top$ issued before this step's dQ share is staged"),
-                ("red-v4", "aba51c0", "dQ's share added from the consumers' registers by `red.global.add.v4.f32`"),
-                ("descriptors-at-issue", "fa0b401, kept", "each `wgmma`'s descriptors advanced where it is issued"))
+# (run, the variant's commit, what it changed, the baseline it was timed against)
+VARIANT_RUNS = (("scores-ahead", "ceb7008", "the next step's $S^\\top$ issued before this step's dQ share is staged",
+                 "3e1012a"),
+                ("red-v4", "aba51c0", "dQ's share added from the consumers' registers by `red.global.add.v4.f32`",
+                 "3e1012a"),
+                ("descriptors-at-issue", "fa0b401, kept", "each `wgmma`'s descriptors advanced where it is issued",
+                 "3e1012a"),
+                ("step-order", "1cbccea", "dV issued before $dS^\\top$ is computed (head_dim 128), the dQ share before "
+                 "dK and staged while dK runs", "9c41013"),
+                ("rotated-start-on-step-order", "00ace29", "the above, and without the mask each block starting at its "
+                 "own query tile", "1cbccea"),
+                ("rotated-start-and-step-order", "00ace29", "the same two changes", "9c41013"))
 
 
 def load_variants():
@@ -275,13 +292,13 @@ def load_variants():
 
 
 def stage14_variants_table():
-    """Each variant against the baseline (stage 14 at 3e1012a) in its run: the median over rounds of stage
-    14's TFLOP/s per cell, the variant's over the baseline's, and the geometric mean of that per head_dim."""
+    """Each variant against its baseline in its run: the median over rounds of stage 14's TFLOP/s per cell,
+    the variant's over the baseline's, and the geometric mean of that per head_dim."""
     found = load_variants()
     seqs = sorted({k[4] for k in found})
-    lines = ["| variant | head_dim | " + " | ".join(f"N {n}{', causal' if c else ''}" for c in (0, 1) for n in seqs)
-             + " | geometric mean |", "|---|---|" + "---|" * (2 * len(seqs) + 1)]
-    for run, commit, what in VARIANT_RUNS:
+    lines = ["| variant | baseline | head_dim | " + " | ".join(f"N {n}{', causal' if c else ''}" for c in (0, 1) for n in seqs)
+             + " | geometric mean |", "|---|---|---|" + "---|" * (2 * len(seqs) + 1)]
+    for run, commit, what, baseline in VARIANT_RUNS:
         for d in (64, 128):
             ratios, cells = [], []
             for c in (0, 1):
@@ -290,11 +307,11 @@ def stage14_variants_table():
                     var = statistics.median(found[(run, "variant", d, c, n)])
                     ratios.append(var / kept)
                     cells.append(f"{var / kept:.2f}")
-            lines.append(f"| {what} ({commit}) | {d} | " + " | ".join(cells) + f" | {geo_mean(ratios):.2f} |")
-    rounds = {run: len(found[(run, "baseline", 64, 0, seqs[0])]) for run, _, _ in VARIANT_RUNS}
+            lines.append(f"| {what} ({commit}) | {baseline} | {d} | " + " | ".join(cells) + f" | {geo_mean(ratios):.2f} |")
+    rounds = {run: len(found[(run, "baseline", 64, 0, seqs[0])]) for run, _, _, _ in VARIANT_RUNS}
     lines.append("")
     lines.append("Stage 14's backward, bf16, on the FlashAttention grid (B·N = 16384, H·d = 2048), NVIDIA H100 80GB "
-                 "HBM3: each variant's TFLOP/s over the baseline's (stage 14 at 3e1012a), each the median over the run's rounds ("
+                 "HBM3: each variant's TFLOP/s over its baseline's (stage 14 at the baseline's commit), each the median over the run's rounds ("
                  + ", ".join(f"{run}: {k}" for run, k in rounds.items()) + ") of `scripts/device/time_backward.py`'s "
                  "median of 20 calls; the two builds alternated in one run, the baseline first. Above 1: the "
                  f"variant is faster. From `bench/results/{VARIANTS_FILE}`.")
