@@ -27,9 +27,9 @@ forwards and backwards are timed in ROUNDS interleaved rounds, each implementati
 them and the order rotated from round to round, so that every implementation of a cell meets the same
 GPU clocks: the GPU's power management moves them by up to a few tens of percent within a second
 (lesson 12, "A disturbed run"; a sustained attention backward on the H100 reaches its 700 W limit),
-and a ratio of two medians timed apart took that in. The backwards of the paths that hold N x N
-matrices (naive-torch, sdpa-math) are timed at once instead, so that their graphs are not kept
-while the rest of the cell runs. A case is
+and a ratio of two medians timed apart took that in. The paths that hold N x N matrices (naive-torch,
+sdpa-math) are timed at once instead, so that their memory (gigabytes at large N) is neither kept
+nor fragmented while the rest of the cell runs. A case is
 skipped, and the output says so, where it does not fit in free GPU memory (the O(N^2)-memory
 stages and PyTorch's naive and math paths at large N) or where the previous N's time predicts a
 call longer than --max-call-ms (3 s by default, which on an H100 skips nothing: the naive stages
@@ -277,10 +277,19 @@ def main():
         cases = [c for c in cell_deferred if c[0] is not None and c[0]["status"] == "ok"]
         for r in range(ROUNDS if cases else 0):
             shift = r % len(cases)
-            for row, fn, reps, times in cases[shift:] + cases[:shift]:
+            for case in cases[shift:] + cases[:shift]:
+                row, fn, reps, times = case
+                if row["status"] != "ok":
+                    continue  # out of memory in an earlier round
                 share = (reps - 1) * (r + 1) // ROUNDS - (reps - 1) * r // ROUNDS
-                with torch.no_grad() if row["direction"] == "forward" else contextlib.nullcontext():
-                    times += timed_calls(fn, share, len(times) + 1)
+                try:
+                    with torch.no_grad() if row["direction"] == "forward" else contextlib.nullcontext():
+                        times += timed_calls(fn, share, len(times) + 1)
+                except torch.OutOfMemoryError as e:
+                    row.update(status="oom", reason=str(e).split("\n")[0][:200], median_ms=None, min_ms=None,
+                               runs=0, tflops=None)
+                    log(t0, f"{label} | {row['impl']:14s} {row['direction']:8s} oom in the rounds")
+        cases = [c for c in cases if c[0]["status"] == "ok"]
         for row, fn, reps, times in cases:
             ms = statistics.median(times)
             direction = row["direction"]
@@ -340,9 +349,8 @@ def main():
                                     raise Skip(f"slow: a call would take about {predicted:.1f} s (from the last N), "
                                                f"over --max-call-ms {args.max_call_ms:.0f}")
                             free = free_bytes()
-                            # Interleaved in the cell's rounds, but for the backwards that hold N x N matrices.
-                            heavy_backward = direction == "backward" and quadratic.get(impl, {}).get(direction, 0)
-                            timer = time_calls if heavy_backward else defer_calls
+                            # Interleaved in the cell's rounds, but for the paths that hold N x N matrices.
+                            timer = time_calls if quadratic.get(impl, {}).get(direction, 0) else defer_calls
                             if st is not None:
                                 need = 2 * shape[0] * shape[1] * shape[2] * shape[3] * dtype.itemsize * n_sets
                                 if direction == "forward":
@@ -415,7 +423,7 @@ def main():
         python=platform.python_version(), dtype=args.dtype, tf32=False,
         grid=dict(tokens=TOKENS, hidden=HIDDEN, head_dims=HEAD_DIMS, seq_lens=seq_lens, causal=[False, True]),
         timing=dict(method="CUDA events per call, median; a cell's forwards and backwards in interleaved rounds "
-                           "(but the backwards of naive-torch and sdpa-math)",
+                           "(but naive-torch's and sdpa-math's)",
                     rounds=ROUNDS, warmup_calls=1, min_runs=3, max_runs=50,
                     budget_ms=budget_s * 1e3, input_sets=n_sets, max_call_ms=args.max_call_ms),
         flops="forward 4*B*H*N^2*d, halved when causal; backward 2.5 x forward",

@@ -200,7 +200,7 @@ NCU14_ROWS = {
 NCU14_FLOPS = 2.5 * 4 * 4 * 4096 * 4096 * 2048
 
 
-CLOCK_UNITS = {"cycle/second": 1e-9, "cycle/usecond": 1e-3, "cycle/nsecond": 1.0, "ghz": 1.0, "mhz": 1e-3}  # to GHz
+CLOCK_UNITS = {"hz": 1e-9, "cycle/second": 1e-9, "cycle/usecond": 1e-3, "cycle/nsecond": 1.0, "ghz": 1.0, "mhz": 1e-3}  # to GHz
 TIME_UNITS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3, "second": 1e3}
 
 
@@ -315,4 +315,37 @@ def stage14_variants_table():
                  + ", ".join(f"{run}: {k}" for run, k in rounds.items()) + ") of `scripts/device/time_backward.py`'s "
                  "median of 20 calls; the two builds alternated in one run, the baseline first. Above 1: the "
                  f"variant is faster. From `bench/results/{VARIANTS_FILE}`.")
+    return "\n".join(lines)
+
+
+POWER_FILE = "h100_backward_power_bf16.txt"
+
+
+def stage14_power_table():
+    """Stage 14's backward and cuDNN's, each called back to back for two seconds (backward_power.py): per
+    cell the means over the file's two passes of TFLOP/s at the median call, SM clock and power, and
+    stage 14's speed and work per clock over cuDNN's."""
+    found = {}
+    for line in (RESULTS / POWER_FILE).read_text().splitlines():
+        m = re.match(r"d(\d+) N(\d+) causal=(\d) (\S+)\s+median\s+\S+ ms \(\s*(\d+) TFLOP/s\).*SM clock\s+(\d+) MHz, "
+                     r"power\s+(\d+) W", line)
+        if m:
+            d, n, causal, impl = int(m[1]), int(m[2]), int(m[3]), m[4]
+            found.setdefault((d, n, causal), {}).setdefault(impl, []).append((float(m[5]), float(m[6]), float(m[7])))
+    lines = ["| d | N | causal | stage 14 TFLOP/s | its SM clock (MHz) | its power (W) | cuDNN TFLOP/s | "
+             "its SM clock (MHz) | its power (W) | stage 14 / cuDNN | per clock |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (d, n, causal), impls in found.items():
+        s14 = [statistics.mean(x[i] for x in impls["stage14"]) for i in range(3)]
+        cud = [statistics.mean(x[i] for x in impls["cudnn"]) for i in range(3)]
+        lines.append(f"| {d} | {n} | {'yes' if causal else 'no'} | {s14[0]:.0f} | {s14[1]:.0f} | {s14[2]:.0f} | "
+                     f"{cud[0]:.0f} | {cud[1]:.0f} | {cud[2]:.0f} | {s14[0] / cud[0]:.2f}x | "
+                     f"{(s14[0] / s14[1]) / (cud[0] / cud[1]):.2f}x |")
+    lines.append("")
+    lines.append("Stage 14's backward and cuDNN's (`sdpa-cudnn`), bf16, B·N = 16384, H·d = 2048, NVIDIA H100 80GB HBM3 "
+                 "(power limit 700 W, SM clock up to 1980 MHz), each called back to back for two seconds while "
+                 "`nvidia-smi` sampled the SM clock and the board's power every 100 ms; two passes over the cells, "
+                 "the two in turn in each, and each figure the mean of the two passes. TFLOP/s: at the median call "
+                 "(FlashAttention convention, causal counting half the pairs). Per clock: stage 14's TFLOP/s per MHz "
+                 "over cuDNN's. From `bench/results/" + POWER_FILE + "` (`scripts/device/backward_power.py`).")
     return "\n".join(lines)
