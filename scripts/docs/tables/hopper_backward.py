@@ -349,3 +349,37 @@ def stage14_power_table():
                  "(FlashAttention convention, causal counting half the pairs). Per clock: stage 14's TFLOP/s per MHz "
                  "over cuDNN's. From `bench/results/" + POWER_FILE + "` (`scripts/device/backward_power.py`).")
     return "\n".join(lines)
+
+
+def load_backward_file(name):
+    """{(impl, head_dim, causal, seq): row} of the backward cells that ran in bench/results/NAME."""
+    return {(r["impl"], r["head_dim"], r["causal"], r["seq"]): r
+            for r in json.loads((RESULTS / name).read_text())["results"]
+            if r["status"] == "ok" and r["direction"] == "backward"}
+
+
+def stage14_timing_method_table():
+    """Stage 14's backward over cuDNN's and FlashAttention-2's with a cell's backwards timed one after the
+    other (the *_sequential_backward files) and in interleaved rounds (the lesson's files): geometric
+    means over N >= MIN_SEQ and over the issue grid's N 4096 and 16384, and the lowest cell."""
+    lines = ["| timing of a cell's backwards | dtype | stage 14 / cuDNN, N >= 1024 | lowest cell | "
+             "N 4096 and 16384 | stage 14 / FA2, N >= 1024 | deterministic / default |",
+             "|---|---|---|---|---|---|---|"]
+    for label, suffix in (("one implementation after the other (fa0b401)", "_sequential_backward"),
+                          ("in the cell's interleaved rounds (abfe272)", "")):
+        for tag in TAGS:
+            rows = load_backward_file(f"compare_h100_{tag}{suffix}.json")
+            cudnn, flash = speeds(rows, STAGE, "sdpa-cudnn"), speeds(rows, STAGE, "sdpa-flash")
+            det = speeds(rows, DETERMINISTIC, STAGE)
+            grid = [v for k, v in cudnn.items() if k[2] in SHOWN_SEQS]
+            lines.append(f"| {label} | {tag} | {geo_mean(list(cudnn.values())):.3f}x | {min(cudnn.values()):.2f}x | "
+                         f"{geo_mean(grid):.3f}x | {geo_mean(list(flash.values())):.2f}x | "
+                         f"{geo_mean(list(det.values())):.2f}x |")
+    lines.append("")
+    lines.append("Stage 14's backward over cuDNN's (`sdpa-cudnn`) and FlashAttention-2's (`sdpa-flash`), and its "
+                 "deterministic mode over its default mode: geometric means of the ratios of median times, NVIDIA "
+                 "H100 80GB HBM3, head_dim 64 and 128, causal and not. The kernel is the same in both runs (fa0b401's; "
+                 "abfe272 changed compare.py). One after the other: `--budget-ms 40`, "
+                 "`bench/results/compare_h100_bf16_sequential_backward.json` and `compare_h100_fp16_sequential_backward.json`; "
+                 "interleaved: `--budget-ms 150`, `compare_h100_bf16.json` and `compare_h100_fp16.json`.")
+    return "\n".join(lines)
