@@ -14,7 +14,10 @@ Implementations:
   sdpa-<backend>   torch.nn.functional.scaled_dot_product_attention pinned with
                    torch.nn.attention.sdpa_kernel to flash, cudnn, efficient or math; a backend
                    that refuses the dtype (flash and usually cudnn refuse fp32) is listed as such.
-Backward of the PyTorch implementations is autograd (torch.autograd.grad with retain_graph).
+  fa4              FlashAttention-4 (PyPI flash-attn-4, written in the CuTe DSL), where it is installed
+                   (half precision only): its flash_attn_func on (batch, seq, heads, head_dim) views of
+                   the same tensors; it compiles each kernel at its first call, in the untimed warm-up.
+Backward of the PyTorch implementations and of fa4 is autograd (torch.autograd.grad with retain_graph).
 
 Grid (read from bench/bench_grid.h, the C++ benchmarks' header): B*N = 16384 tokens and H*d = 2048
 (H = 32 at d = 64, 16 at d = 128), d 64 and 128, N = 512 .. 16384, causal and not; fp32 with TF32
@@ -222,13 +225,26 @@ def main():
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
         return run
 
+    # FlashAttention-4, where it is installed: its flash_attn_func takes (batch, seq, heads, head_dim) and
+    # returns (o, lse); transposed views keep the last dimension contiguous, so nothing is copied.
+    fa4_func = None
+    if half:
+        try:
+            from flash_attn.cute import flash_attn_func as fa4_func
+        except ImportError:
+            pass
+
+    def fa4(q, k, v, causal, scale, mask):
+        out = fa4_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), softmax_scale=scale, causal=causal)
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+
     # stageNN-det: the deterministic mode of a backward that sums with atomics, beside the default mode.
     deterministic_impls = [f"stage{s.number:02d}-det" for s in stages if s.backward_atomic]
     impls = ([f"stage{s.number:02d}" for s in stages] + deterministic_impls + ["naive-torch"] +
-             [f"sdpa-{b}" for b in SDPA_BACKENDS])
+             [f"sdpa-{b}" for b in SDPA_BACKENDS] + (["fa4"] if fa4_func else []))
     stage_of = {f"stage{s.number:02d}": s for s in stages}
     stage_of.update({f"stage{s.number:02d}-det": s for s in stages if s.backward_atomic})
-    torch_fn = {"naive-torch": naive_torch, **{f"sdpa-{b}": sdpa(b) for b in SDPA_BACKENDS}}
+    torch_fn = {"naive-torch": naive_torch, **{f"sdpa-{b}": sdpa(b) for b in SDPA_BACKENDS}, "fa4": fa4}
     # Bytes of N x N float matrices a PyTorch path holds at its peak, in units of B*H*N*N*4.
     quadratic = {"naive-torch": {"forward": 2, "backward": 3}, "sdpa-math": {"forward": 3, "backward": 4}}
 
@@ -420,7 +436,7 @@ def main():
         gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
         torch=torch.__version__, cuda=torch.version.cuda,
         cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        python=platform.python_version(), dtype=args.dtype, tf32=False,
+        python=platform.python_version(), dtype=args.dtype, tf32=False, fa4=fa4_version(fa4_func),
         grid=dict(tokens=TOKENS, hidden=HIDDEN, head_dims=HEAD_DIMS, seq_lens=seq_lens, causal=[False, True]),
         timing=dict(method="CUDA events per call, median; a cell's forwards and backwards in interleaved rounds "
                            "(but naive-torch's and sdpa-math's)",
@@ -443,6 +459,17 @@ def main():
     if not args.no_plots:
         written += plots(meta, results, impls, base)
     log(t0, "wrote " + ", ".join(os.path.relpath(p) for p in written))
+
+
+def fa4_version(fa4_func):
+    """The installed flash-attn-4's version, or None where it is not installed."""
+    if fa4_func is None:
+        return None
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("flash-attn-4")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def run_stage(torch, flash_stages, st, direction, sets, causal, time_calls, deterministic=False):
