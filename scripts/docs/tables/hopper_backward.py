@@ -17,7 +17,7 @@ TAGS = ("bf16", "fp16")
 
 # compare.py's impl names: the default mode, the deterministic mode, the peers and stage 11.
 STAGE, DETERMINISTIC = "stage14", "stage14-det"
-PEERS = (("stage11", "× stage 11"), ("sdpa-flash", "× FA2"), ("sdpa-cudnn", "× cuDNN"))
+PEERS = (("stage11", "× stage 11"), ("sdpa-flash", "× FA2"), ("sdpa-cudnn", "× cuDNN"), ("fa4", "× FA4"))
 
 
 # The cells the lesson's table shows; the geometric means are over every cell with N >= 1024, as
@@ -103,7 +103,8 @@ def stage14_compare_table():
     lines.append(f"Backward, {meta['gpu']}, PyTorch {meta['torch']}; B·N = 16384 tokens, H·d = 2048 (32 heads at "
                  "head_dim 64, 16 at 128). TFLOP/s by the FlashAttention convention (2.5 × the forward's "
                  "4·B·H·N²·d, halved when causal). × X: X's median time over stage 14's in the same run (above 1: "
-                 "stage 14 is faster); FA2 = `sdpa-flash` (FlashAttention-2), cuDNN = `sdpa-cudnn`. det / default: "
+                 "stage 14 is faster); FA2 = `sdpa-flash` (FlashAttention-2), cuDNN = `sdpa-cudnn`, FA4 = FlashAttention-4 "
+                 f"(`flash-attn-4` {meta.get('fa4') or 'not installed: –'}, its `flash_attn_func`). det / default: "
                  "the deterministic mode's speed over the default mode's. The rows show N = "
                  f"{' and '.join(map(str, SHOWN_SEQS))}; the geometric means and their lowest cells are over every "
                  f"cell with N >= {MIN_SEQ} (the compare files hold N = 512 to 16384). "
@@ -151,7 +152,11 @@ def summary(form):
     if low:
         text += (f", {below} of {len(cudnn)} cells below 1.0x and {below_floor} below {TARGET_FLOOR}x, the lowest "
                  f"{cudnn[low]:.2f}x ({where(low, both)})")
-    text += (f"; at {mean(flash)} FlashAttention-2's (`sdpa-flash`) and {mean(s11)} stage 11's. Its deterministic "
+    text += f"; at {mean(flash)} FlashAttention-2's (`sdpa-flash`) and {mean(s11)} stage 11's"
+    fa4 = cells("fa4", "sdpa-cudnn")
+    if fa4:
+        text += f". FlashAttention-4's backward (`flash-attn-4`), timed in the same runs, is at {mean(fa4)} cuDNN's"
+    text += (f". Its deterministic "
              f"mode runs at {mean(det)} the default mode's speed")
     if det:
         text += f" (lowest cell {min(det.values()):.2f}x)"
@@ -366,7 +371,7 @@ def stage14_timing_method_table():
              "N 4096 and 16384 | stage 14 / FA2, N >= 1024 | deterministic / default |",
              "|---|---|---|---|---|---|---|"]
     for label, suffix in (("one implementation after the other (fa0b401)", "_sequential_backward"),
-                          ("in the cell's interleaved rounds (abfe272)", "")):
+                          ("in the cell's interleaved rounds (4d2c213)", "")):
         for tag in TAGS:
             rows = load_backward_file(f"compare_h100_{tag}{suffix}.json")
             cudnn, flash = speeds(rows, STAGE, "sdpa-cudnn"), speeds(rows, STAGE, "sdpa-flash")
@@ -379,7 +384,7 @@ def stage14_timing_method_table():
     lines.append("Stage 14's backward over cuDNN's (`sdpa-cudnn`) and FlashAttention-2's (`sdpa-flash`), and its "
                  "deterministic mode over its default mode: geometric means of the ratios of median times, NVIDIA "
                  "H100 80GB HBM3, head_dim 64 and 128, causal and not. The kernel is the same in both runs (fa0b401's; "
-                 "abfe272 changed compare.py). One after the other: `--budget-ms 40`, "
+                 "d20d578 and abfe272 changed compare.py's timing, 4d2c213 added the fa4 column). One after the other: `--budget-ms 40`, "
                  "`bench/results/compare_h100_bf16_sequential_backward.json` and `compare_h100_fp16_sequential_backward.json`; "
                  "interleaved: `--budget-ms 150`, `compare_h100_bf16.json` and `compare_h100_fp16.json`.")
     return "\n".join(lines)
