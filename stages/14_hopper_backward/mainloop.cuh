@@ -379,26 +379,6 @@ struct FragmentPlace {
   }
 };
 
-// The pair of a per-query array (lse2 or D) for this thread's columns 8i + 2t and 8i + 2t + 1. With 64
-// columns the warp loads the array once, a float2 per lane (lane 4i + t holds that pair), and hands each
-// thread its pairs by shuffles, where a load per pair would read shared memory 8 times per warp for the
-// same 256 bytes; with 128 columns each pair is loaded.
-template <int kCols>
-struct ColumnPairs {
-  float2 mine;
-  const float* row;
-  __device__ explicit ColumnPairs(const float* values) : row(values) {
-    if constexpr (kCols == 64) mine = *reinterpret_cast<const float2*>(values + 2 * (threadIdx.x % 32));
-  }
-  __device__ float2 at(int i, int t) const {
-    if constexpr (kCols == 64)
-      return make_float2(__shfl_sync(tensor_core::kFullWarp, mine.x, 4 * i + t),
-                         __shfl_sync(tensor_core::kFullWarp, mine.y, 4 * i + t));
-    else
-      return *reinterpret_cast<const float2*>(row + 8 * i + 2 * t);
-  }
-};
-
 // P^T = exp2(S^T * scale log2 e - lse log2 e) in place, in fp32, columns (queries) from lse2: a row of
 // the forward that saw no key has lse2 = +inf there (steps.cuh), so its P is 0. Masked: keys past a
 // query's last visible key, or past seq_kv, get 0.
@@ -406,10 +386,9 @@ template <class Tiles, bool kCausal, bool kMasked>
 __device__ inline void probabilities(float (&s)[Tiles::kBlockRows / 2], const float* lse2,
                                      const FragmentPlace& at, int first_key, int first_row,
                                      const ProblemShape& problem) {
-  const ColumnPairs<Tiles::kBlockRows> lse_pairs(lse2);
 #pragma unroll
   for (int i = 0; i < Tiles::kBlockRows / 8; ++i) {
-    const float2 l = lse_pairs.at(i, at.t);
+    const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * at.t);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -432,10 +411,9 @@ __device__ inline void probabilities(float (&s)[Tiles::kBlockRows / 2], const fl
 template <class Tiles>
 __device__ inline void score_gradients(float (&dp)[Tiles::kBlockRows / 2], const float (&p)[Tiles::kBlockRows / 2],
                                        const float* d, const FragmentPlace& at) {
-  const ColumnPairs<Tiles::kBlockRows> d_pairs(d);
 #pragma unroll
   for (int i = 0; i < Tiles::kBlockRows / 8; ++i) {
-    const float2 dd = d_pairs.at(i, at.t);
+    const float2 dd = *reinterpret_cast<const float2*>(d + 8 * i + 2 * at.t);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       dp[4 * i + 2 * h] = p[4 * i + 2 * h] * (dp[4 * i + 2 * h] - dd.x);

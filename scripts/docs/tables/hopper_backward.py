@@ -278,7 +278,9 @@ VARIANT_RUNS = (("scores-ahead", "ceb7008", "the next step's $S^\\top$ issued be
                  "dK and staged while dK runs", "9c41013"),
                 ("rotated-start-on-step-order", "00ace29", "the above, and without the mask each block starting at its "
                  "own query tile", "1cbccea"),
-                ("rotated-start-and-step-order", "00ace29", "the same two changes", "9c41013"))
+                ("rotated-start-and-step-order", "00ace29", "the same two changes", "9c41013"),
+                ("lse-d-shuffles", "a4a37ca", "lse and D loaded once per warp and handed out by shuffles "
+                 "(64 query rows: head_dim 128)", "9c41013"))
 
 
 def load_variants():
