@@ -18,7 +18,7 @@ smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,\
 smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,\
 l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed,\
 lts__throughput.avg.pct_of_peak_sustained_elapsed,lts__d_atomic_input_cycles_active.avg.pct_of_peak_sustained_elapsed,\
-smsp__cycles_elapsed.avg.per_second
+smsp__cycles_elapsed.avg.per_second,launch__grid_size,launch__shared_mem_per_block_dynamic
 csv="$out/h100_ncu_stage14.csv"
 echo '"stage","head_dim","metric","unit","value"' > "$csv"
 for head_dim in 128 64; do

@@ -192,6 +192,8 @@ NCU14_ROWS = {
     "lts__throughput.avg.pct_of_peak_sustained_elapsed": ("L2 throughput (% of peak)", 1),
     "lts__d_atomic_input_cycles_active.avg.pct_of_peak_sustained_elapsed": ("L2 reduction units busy (% of peak)", 1),
     "smsp__cycles_elapsed.avg.per_second": ("SM clock (GHz)", 2),
+    "launch__grid_size": ("blocks in the grid", 0),
+    "launch__shared_mem_per_block_dynamic": ("dynamic shared memory per block (bytes)", 0),
     "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio": ("stalled at a barrier, per issue", 2),
     "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio":
         ("stalled on the long scoreboard, per issue", 2),
@@ -222,6 +224,30 @@ def load_ncu14():
     return out
 
 
+CUDNN_NCU_FILE = "h100_ncu_cudnn_backward.csv"
+
+
+def load_ncu_cudnn():
+    """{("cudnn", head_dim, metric): (unit, value)} of cuDNN's main backward kernel (the longest of the
+    call's kernels) per head_dim, from CUDNN_NCU_FILE; empty where the file is missing."""
+    if not (RESULTS / CUDNN_NCU_FILE).exists():
+        return {}
+    kernels = {}
+    with (RESULTS / CUDNN_NCU_FILE).open(newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                figure = float(row["value"].replace(",", ""))
+            except ValueError:
+                figure = None
+            kernels.setdefault((int(row["head_dim"]), row["kernel"]), {})[row["metric"]] = (row["unit"], figure)
+    out = {}
+    for d in {d for d, _ in kernels}:
+        main = max((m for (hd, _), m in kernels.items() if hd == d),
+                   key=lambda m: m.get("gpu__time_duration.sum", ("", 0))[1] or 0)
+        out.update({("cudnn", d, metric): entry for metric, entry in main.items()})
+    return out
+
+
 def ncu14_cell(found, stage, d, metric):
     entry = found.get((stage, d, metric))
     if entry is None:
@@ -242,8 +268,9 @@ def ncu_stage14_table():
     if not (RESULTS / NCU_FILE).exists():
         return f"(not measured yet) {NCU_HINT}."
     found = load_ncu14()
-    columns = [(d, stage) for d in (128, 64) for stage in (14, 11)]
-    names = {14: "stage 14 `backward_kernel`", 11: "stage 11 `dk_dv_kernel`"}
+    found.update(load_ncu_cudnn())
+    columns = [(d, stage) for d in (128, 64) for stage in (14, 11, "cudnn") if any(k[:2] == (stage, d) for k in found)]
+    names = {14: "stage 14 `backward_kernel`", 11: "stage 11 `dk_dv_kernel`", "cudnn": "cuDNN's main kernel"}
     lines = ["| metric | " + " | ".join(f"{names[s]}, d = {d}" for d, s in columns) + " |",
              "|---|" + "---|" * len(columns)]
     for metric, (label, _) in NCU14_ROWS.items():
@@ -262,7 +289,10 @@ def ncu_stage14_table():
                  "kernel's time alone (each stage's two small kernels left out). Registers at launch: stage 14's "
                  "consumer warpgroups then take 240 each with `setmaxnreg`, its producer warpgroup gives back to 24. "
                  "Stalls: warps stalled for that reason per issued instruction. \"–\": not in the file; \"n/a\": "
-                 "what ncu wrote. From `bench/results/h100_ncu_stage14.csv` (`scripts/profile/profile_stage14.sh`).")
+                 "what ncu wrote. From `bench/results/h100_ncu_stage14.csv` (`scripts/profile/profile_stage14.sh`). "
+                 "cuDNN's: the longest kernel of one backward call of SDPA pinned to cuDNN on the same problem (its "
+                 "other two, D = rowsum(dO o O) and dQ's conversion, left out), from `bench/results/"
+                 + CUDNN_NCU_FILE + "` (`scripts/profile/profile_cudnn_backward.sh`).")
     return "\n".join(lines)
 
 
