@@ -40,11 +40,16 @@ NCU_HINT = (f"`scripts/profile/profile_stage14.sh` writes `bench/results/{NCU_FI
             "committed, `python3 scripts/docs/make_tables.py --update` fills this table")
 
 
-def load_backward(tag):
-    """{(impl, head_dim, causal, seq): row} of the backward cells that ran in compare_h100_TAG.json."""
+def load_backward_file(name):
+    """{(impl, head_dim, causal, seq): row} of the backward cells that ran in bench/results/NAME."""
     return {(r["impl"], r["head_dim"], r["causal"], r["seq"]): r
-            for r in json.loads((RESULTS / f"compare_h100_{tag}.json").read_text())["results"]
+            for r in json.loads((RESULTS / name).read_text())["results"]
             if r["status"] == "ok" and r["direction"] == "backward"}
+
+
+def load_backward(tag):
+    """load_backward_file of compare_h100_TAG.json, the lesson's run."""
+    return load_backward_file(f"compare_h100_{tag}.json")
 
 
 def measured_tags():
@@ -207,21 +212,26 @@ NCU14_ROWS = {
 NCU14_FLOPS = 2.5 * 4 * 4 * 4096 * 4096 * 2048
 
 
-CLOCK_UNITS = {"hz": 1e-9, "cycle/second": 1e-9, "cycle/usecond": 1e-3, "cycle/nsecond": 1.0, "ghz": 1.0, "mhz": 1e-3}  # to GHz
+# Nsight Compute's clock units, to GHz.
+CLOCK_UNITS = {"hz": 1e-9, "cycle/second": 1e-9, "cycle/usecond": 1e-3, "cycle/nsecond": 1.0, "ghz": 1.0,
+               "mhz": 1e-3}
 TIME_UNITS = {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3, "second": 1e3}
+
+
+def ncu_rows(name):
+    """(row, value or None for n/a) of each row of the Nsight Compute CSV bench/results/NAME."""
+    with (RESULTS / name).open(newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                yield row, float(row["value"].replace(",", ""))
+            except ValueError:
+                yield row, None
 
 
 def load_ncu14():
     """{(stage, head_dim, metric): (unit, value or None for n/a)} of NCU_FILE."""
-    out = {}
-    with (RESULTS / NCU_FILE).open(newline="") as f:
-        for row in csv.DictReader(f):
-            try:
-                figure = float(row["value"].replace(",", ""))
-            except ValueError:
-                figure = None
-            out[(int(row["stage"]), int(row["head_dim"]), row["metric"])] = (row["unit"], figure)
-    return out
+    return {(int(row["stage"]), int(row["head_dim"]), row["metric"]): (row["unit"], figure)
+            for row, figure in ncu_rows(NCU_FILE)}
 
 
 CUDNN_NCU_FILE = "h100_ncu_cudnn_backward.csv"
@@ -233,13 +243,8 @@ def load_ncu_cudnn():
     if not (RESULTS / CUDNN_NCU_FILE).exists():
         return {}
     kernels = {}
-    with (RESULTS / CUDNN_NCU_FILE).open(newline="") as f:
-        for row in csv.DictReader(f):
-            try:
-                figure = float(row["value"].replace(",", ""))
-            except ValueError:
-                figure = None
-            kernels.setdefault((int(row["head_dim"]), row["kernel"]), {})[row["metric"]] = (row["unit"], figure)
+    for row, figure in ncu_rows(CUDNN_NCU_FILE):
+        kernels.setdefault((int(row["head_dim"]), row["kernel"]), {})[row["metric"]] = (row["unit"], figure)
     out = {}
     for d in {d for d, _ in kernels}:
         main = max((m for (hd, _), m in kernels.items() if hd == d),
@@ -386,13 +391,6 @@ def stage14_power_table():
                  "(FlashAttention convention, causal counting half the pairs). Per clock: stage 14's TFLOP/s per MHz "
                  "over cuDNN's. From `bench/results/" + POWER_FILE + "` (`scripts/device/backward_power.py`).")
     return "\n".join(lines)
-
-
-def load_backward_file(name):
-    """{(impl, head_dim, causal, seq): row} of the backward cells that ran in bench/results/NAME."""
-    return {(r["impl"], r["head_dim"], r["causal"], r["seq"]): r
-            for r in json.loads((RESULTS / name).read_text())["results"]
-            if r["status"] == "ok" and r["direction"] == "backward"}
 
 
 def stage14_timing_method_table():
