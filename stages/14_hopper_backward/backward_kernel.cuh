@@ -119,6 +119,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc_dk[kHeadDim / 2] = {};
   float acc_dv[kHeadDim / 2] = {};
   mbarrier_wait(sm.kv_full(), 0);
+  // The first k-steps of the warpgroup's K, as S^T's A operand for the whole block (BackwardTiles).
+  uint32_t k_frag[Tiles::kKeyFragments][4];
+  load_key_fragments<Tiles>(k_frag, sm.k(0), at);
 
   const int steps = work.steps();
   auto step = [&](int n, auto masked) {
@@ -132,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 1. S^T and dP^T.
     mbarrier_wait(sm.q_full(s), parity);
     wgmma_fence();
-    issue_transposed_scores<Element, Tiles>(s_t, sm.k(0), sm.q(s, 0), warpgroup);
+    issue_scores<Element, Tiles>(s_t, k_frag, sm.k(0), sm.q(s, 0), warpgroup);
     wgmma_commit_group();
     mbarrier_wait(sm.do_full(s), parity);
     issue_transposed_scores<Element, Tiles>(dp_t, sm.v(0), sm.d_o(s, 0), warpgroup);

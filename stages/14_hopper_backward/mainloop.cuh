@@ -82,6 +82,10 @@ struct BackwardTiles {
   static constexpr int kBlockRows = kHeadDim == 64 ? 128 : 64;  // Br
   static constexpr int kPanels = kHeadDim / kPanelCols;         // 64-column panels of Q, K, V, dO
   static constexpr int kDsPanels = kBlockRows / kPanelCols;     // 64-query panels of dS^T
+  // K's first k-steps (16 columns of head_dim each) held in registers for the whole block, as S^T's
+  // A operand: S^T's wgmma then reads only Q from shared memory for them. 16 registers: all of K's
+  // 64 columns at head_dim 64, half of them at 128 (ptxas serializes the wgmma with more, C7512).
+  static constexpr int kKeyFragments = 4;
   // The warpgroup's share of dQ: which dS^T panel it reads (its A) and which K panel (its B).
   __device__ static int dq_ds_panel(int consumer) { return kDsPanels == 1 ? 0 : consumer; }
   __device__ static int dq_k_panel(int consumer) { return kPanels == 1 ? 0 : consumer; }
@@ -336,6 +340,24 @@ __device__ inline void issue_transposed_scores(float (&acc)[Tiles::kBlockRows / 
                                                         ks > 0);
 }
 
+// S^T = K Q^T for the warpgroup's 64 keys: its first kFragments k-steps with A = K from registers
+// (load_key_fragments), the rest as issue_transposed_scores, both operands from shared memory.
+template <typename Element, class Tiles, int kFragments>
+__device__ inline void issue_scores(float (&acc)[Tiles::kBlockRows / 2], const uint32_t (&k_frag)[kFragments][4],
+                                    const unsigned char* keys_panel0, const unsigned char* queries_panel0,
+                                    int consumer) {
+  using L = SharedLayout<Tiles>;
+  const unsigned char* own_keys = keys_panel0 + consumer * kWgmmaM * kSwizzleBytes;
+#pragma unroll
+  for (int ks = 0; ks < kFragments; ++ks)
+    hopper::wgmma_rs<Element, Tiles::kBlockRows, 0>(acc, k_frag[ks],
+                                                     k_major_descriptor<L::kQPanelBytes>(queries_panel0, ks), ks > 0);
+#pragma unroll
+  for (int ks = kFragments; ks < Tiles::kHeadDim / kWgmmaK; ++ks)
+    hopper::wgmma_ss<Element, Tiles::kBlockRows, 1, 0>(acc, k_major_descriptor<L::kKVPanelBytes>(own_keys, ks),
+                                                        k_major_descriptor<L::kQPanelBytes>(queries_panel0, ks), true);
+}
+
 // acc (64 keys x d) += X^T Y for the warpgroup's keys: X^T (P^T or dS^T) from registers, one fragment
 // per 16 queries; Y (dO or Q) MN-major.
 template <typename Element, class Tiles>
@@ -378,6 +400,27 @@ struct FragmentPlace {
     t = lane % 4;
   }
 };
+
+// The warpgroup's 64 keys of K as wgmma A fragments, one per 16 columns of head_dim, read once from
+// the swizzled K tile (16-byte chunk c of row r at chunk c ^ (r % 8)): fragment word 2 half + h is
+// key row key0 + 8h, columns 16 ks + 8 half + 2t, + 1 (hopper.cuh's table).
+template <class Tiles, int kFrags>
+__device__ inline void load_key_fragments(uint32_t (&a)[kFrags][4], const unsigned char* k_panel0,
+                                          const FragmentPlace& at) {
+  using L = SharedLayout<Tiles>;
+#pragma unroll
+  for (int ks = 0; ks < kFrags; ++ks)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = at.key0 + 8 * h;
+        const int col = 16 * ks + 8 * half + 2 * at.t;
+        const int panel = col / kPanelCols, chunk = (col % kPanelCols) / 8;
+        a[ks][2 * half + h] = *reinterpret_cast<const uint32_t*>(
+            k_panel0 + panel * L::kKVPanelBytes + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16) + (col % 8) * kElementBytes);
+      }
+}
 
 // P^T = exp2(S^T * scale log2 e - lse log2 e) in place, in fp32, columns (queries) from lse2: a row of
 // the forward that saw no key has lse2 = +inf there (steps.cuh), so its P is 0. Masked: keys past a
