@@ -52,20 +52,21 @@ constexpr int kBlockCols = kConsumers * kWgmmaM;                // Bc: 128 keys 
 constexpr int kStages = 2;  // Q/dO buffers: the next query tile loads while this one is computed
 constexpr int kConsumerThreads = kConsumers * kWarpgroupThreads;
 // Named barriers (ids; 0 is __syncthreads'). dS written: both consumer warpgroups, after each wrote its
-// half of dS^T, before either reads all of it for dQ. dQ staged and dQ free: the consumers and the dQ
-// warp (a warp of the producer warpgroup), around the staging buffer: the consumers arrive when their
-// shares are in it and wait until the copy engine has read the last ones out; the dQ warp the other
-// way round.
+// half of dS^T, before either reads all of it for dQ. dQ staged and dQ free, a pair per consumer
+// warpgroup: the warpgroup and the dQ warp (a warp of the producer warpgroup), around the
+// warpgroup's part of the staging buffer: the warpgroup arrives when its share is in it and waits
+// until the copy engine has read the last one out; the dQ warp the other way round.
 // Stage free (one per Q/dO stage): the consumers, after their last read of a stage's buffers, and
 // the load warp, before it loads the stage again: a named barrier rather than an mbarrier, because
 // the consumers read the stage's lse and D with ordinary loads, and compute-sanitizer's racecheck
 // orders those before the next copy into them through a named barrier (bar.arrive, bar.sync) but not
 // through an mbarrier's arrive and wait.
 constexpr int kDsWrittenBarrier = 1;
-constexpr int kDqStagedBarrier = 2;
-constexpr int kDqFreeBarrier = 3;
+constexpr int kDqStagedBarrier = 2;  // and 6: one per consumer warpgroup
+constexpr int kDqFreeBarrier = 3;    // and 7
 constexpr int kStageFreeBarrier = 4;  // and 5
 constexpr int kConsumersAndWarp = kConsumerThreads + 32;  // the consumers and the dQ or the load warp
+constexpr int kWarpgroupAndWarp = kWarpgroupThreads + 32;  // one consumer warpgroup and the dQ warp
 
 // The query rows per step (Br) at each head_dim, from the register budget of a consumer thread (240,
 // setmaxnreg): dK and dV take d / 2 floats each, S^T and dP^T Br / 2 each, dQ's share 32:
@@ -283,6 +284,34 @@ __device__ inline void stage_free_wait(int s) {
     hopper::named_barrier_sync<kStageFreeBarrier + 1, kConsumersAndWarp>();
 }
 static_assert(kStages == 2, "one stage-free barrier per stage");
+
+// The dQ staging barriers of consumer warpgroup c, between it and the dQ warp: each warpgroup's share
+// has its own, so that neither waits for the other's share to be staged or read.
+__device__ inline void dq_staged_arrive(int c) {
+  if (c == 0)
+    hopper::named_barrier_arrive<kDqStagedBarrier, kWarpgroupAndWarp>();
+  else
+    hopper::named_barrier_arrive<kDqStagedBarrier + 4, kWarpgroupAndWarp>();
+}
+__device__ inline void dq_staged_wait(int c) {
+  if (c == 0)
+    hopper::named_barrier_sync<kDqStagedBarrier, kWarpgroupAndWarp>();
+  else
+    hopper::named_barrier_sync<kDqStagedBarrier + 4, kWarpgroupAndWarp>();
+}
+__device__ inline void dq_free_arrive(int c) {
+  if (c == 0)
+    hopper::named_barrier_arrive<kDqFreeBarrier, kWarpgroupAndWarp>();
+  else
+    hopper::named_barrier_arrive<kDqFreeBarrier + 4, kWarpgroupAndWarp>();
+}
+__device__ inline void dq_free_wait(int c) {
+  if (c == 0)
+    hopper::named_barrier_sync<kDqFreeBarrier, kWarpgroupAndWarp>();
+  else
+    hopper::named_barrier_sync<kDqFreeBarrier + 4, kWarpgroupAndWarp>();
+}
+static_assert(kConsumers == 2, "one pair of dQ staging barriers per consumer warpgroup");
 
 // The producer: the load warp, whose lane 0 issues every copy. K and V once; then per step, into
 // buffer n % kStages once the consumers have freed it (the first kStages steps find their buffers
