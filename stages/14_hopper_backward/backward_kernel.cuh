@@ -73,9 +73,9 @@ __device__ void add_dq_shares(float* staging, const BlockWork& work, const Probl
         tensor_core::bulk_reduce_add_f32(dq_accum + tile * L::kDqFloats + c * kDqShareFloats,
                                          staging + c * kDqShareFloats, kDqShareFloats * 4);
         hopper::bulk_commit();
-        if constexpr (kDeterministic) {
-          hopper::bulk_wait<0>();
-          if (c == kConsumers - 1) count_add(dq_counters + tile);
+        if (kDeterministic && c == kConsumers - 1) {
+          hopper::bulk_wait<0>();  // both shares written
+          count_add(dq_counters + tile);
         } else {
           hopper::bulk_wait_read<0>();
         }
