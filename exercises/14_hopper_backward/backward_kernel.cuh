@@ -48,10 +48,11 @@ __device__ inline void count_add(int* counter) {
   hopper::red_release_add_gpu<1>(counter);
 }
 
-// The dQ warp: for each step, once the consumers have staged the block's share of dQ, lane 0 hands it
-// to the copy engine, which adds it to the query tile's accumulator in global memory; once the engine
-// has read the staging buffer, the warp frees it for the next step's shares. Deterministic: the add
-// waits for its turn (dq_add_rank) and is counted once written.
+// The dQ warp: for each step and each consumer warpgroup, once the warpgroup has staged its share of
+// dQ, lane 0 hands the share to the copy engine, which adds it to its part of the query tile's
+// accumulator in global memory; once the engine has read it, the warp frees that part of the staging
+// buffer for the warpgroup's next share. Deterministic: the block's adds wait for their turn
+// (dq_add_rank) and are counted once both are written.
 template <class Tiles, bool kCausal, bool kDeterministic>
 __device__ void add_dq_shares(float* staging, const BlockWork& work, const ProblemShape& problem, float* dq_accum,
                               int* dq_counters) {
@@ -59,26 +60,29 @@ __device__ void add_dq_shares(float* staging, const BlockWork& work, const Probl
   const int lane = threadIdx.x % 32;
   const int num_q_tiles_per_head = problem.padded_seq_q / Tiles::kBlockRows;
   const int steps = work.steps();
-  hopper::named_barrier_arrive<kDqFreeBarrier, kConsumersAndWarp>();  // the buffer starts empty
+  for (int c = 0; c < kConsumers; ++c) dq_free_arrive(c);  // the buffers start empty
   for (int n = 0; n < steps; ++n) {
     int q_bh, q_tile;
     work.step(n, q_bh, q_tile);
-    hopper::named_barrier_sync<kDqStagedBarrier, kConsumersAndWarp>();
-    if (lane == 0) {
-      const long long tile = static_cast<long long>(q_bh) * num_q_tiles_per_head + q_tile;
-      if constexpr (kDeterministic)
-        wait_for_count(dq_counters + tile, dq_add_rank<Tiles, kCausal>(work, problem, q_tile));
-      tensor_core::bulk_reduce_add_f32(dq_accum + tile * L::kDqFloats, staging, L::kDqFloats * 4);
-      hopper::bulk_commit();
-      if constexpr (kDeterministic) {
-        hopper::bulk_wait<0>();
-        count_add(dq_counters + tile);
-      } else {
-        hopper::bulk_wait_read<0>();
+    const long long tile = static_cast<long long>(q_bh) * num_q_tiles_per_head + q_tile;
+    for (int c = 0; c < kConsumers; ++c) {
+      dq_staged_wait(c);
+      if (lane == 0) {
+        if constexpr (kDeterministic)
+          if (c == 0) wait_for_count(dq_counters + tile, dq_add_rank<Tiles, kCausal>(work, problem, q_tile));
+        tensor_core::bulk_reduce_add_f32(dq_accum + tile * L::kDqFloats + c * kDqShareFloats,
+                                         staging + c * kDqShareFloats, kDqShareFloats * 4);
+        hopper::bulk_commit();
+        if (kDeterministic && c == kConsumers - 1) {
+          hopper::bulk_wait<0>();  // both shares written
+          count_add(dq_counters + tile);
+        } else {
+          hopper::bulk_wait_read<0>();
+        }
       }
+      __syncwarp();
+      if (n + 1 < steps) dq_free_arrive(c);
     }
-    __syncwarp();
-    if (n + 1 < steps) hopper::named_barrier_arrive<kDqFreeBarrier, kConsumersAndWarp>();
   }
   if (lane == 0) hopper::bulk_wait<0>();  // the last add written before the block's shared memory goes
 }
@@ -119,6 +123,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc_dk[kHeadDim / 2] = {};
   float acc_dv[kHeadDim / 2] = {};
   mbarrier_wait(sm.kv_full(), 0);
+  // The first k-steps of the warpgroup's K, as S^T's A operand for the whole block (BackwardTiles).
+  uint32_t k_frag[Tiles::kKeyFragments][4];
+  load_key_fragments<Tiles>(k_frag, sm.k(0), at);
 
   const int steps = work.steps();
   auto step = [&](int n, auto masked) {
@@ -132,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 1. S^T and dP^T.
     mbarrier_wait(sm.q_full(s), parity);
     wgmma_fence();
-    issue_transposed_scores<Element, Tiles>(s_t, sm.k(0), sm.q(s, 0), warpgroup);
+    issue_scores<Element, Tiles>(s_t, k_frag, sm.k(0), sm.q(s, 0), warpgroup);
     wgmma_commit_group();
     mbarrier_wait(sm.do_full(s), parity);
     issue_transposed_scores<Element, Tiles>(dp_t, sm.v(0), sm.d_o(s, 0), warpgroup);
@@ -170,13 +177,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // stage (it waits only for the stages it loads again).
     if (n + kStages < steps) stage_free_arrive(s);
     float* staging = sm.dq();
-    hopper::named_barrier_sync<kDqFreeBarrier, kConsumersAndWarp>();
+    dq_free_wait(warpgroup);
 #pragma unroll
     for (int j = 0; j < kWgmmaM / 8; ++j)
       *reinterpret_cast<float4*>(staging + dq_share_offset(warpgroup, j, thread)) =
           make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
     hopper::fence_proxy_async_shared();  // the staging stores, before the copy engine reads them
-    hopper::named_barrier_arrive<kDqStagedBarrier, kConsumersAndWarp>();
+    dq_staged_arrive(warpgroup);
   };
 
   for (int n = 0; n < steps; ++n) {

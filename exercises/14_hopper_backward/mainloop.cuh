@@ -52,20 +52,21 @@ constexpr int kBlockCols = kConsumers * kWgmmaM;                // Bc: 128 keys 
 constexpr int kStages = 2;  // Q/dO buffers: the next query tile loads while this one is computed
 constexpr int kConsumerThreads = kConsumers * kWarpgroupThreads;
 // Named barriers (ids; 0 is __syncthreads'). dS written: both consumer warpgroups, after each wrote its
-// half of dS^T, before either reads all of it for dQ. dQ staged and dQ free: the consumers and the dQ
-// warp (a warp of the producer warpgroup), around the staging buffer: the consumers arrive when their
-// shares are in it and wait until the copy engine has read the last ones out; the dQ warp the other
-// way round.
+// half of dS^T, before either reads all of it for dQ. dQ staged and dQ free, a pair per consumer
+// warpgroup: the warpgroup and the dQ warp (a warp of the producer warpgroup), around the
+// warpgroup's part of the staging buffer: the warpgroup arrives when its share is in it and waits
+// until the copy engine has read the last one out; the dQ warp the other way round.
 // Stage free (one per Q/dO stage): the consumers, after their last read of a stage's buffers, and
 // the load warp, before it loads the stage again: a named barrier rather than an mbarrier, because
 // the consumers read the stage's lse and D with ordinary loads, and compute-sanitizer's racecheck
 // orders those before the next copy into them through a named barrier (bar.arrive, bar.sync) but not
 // through an mbarrier's arrive and wait.
 constexpr int kDsWrittenBarrier = 1;
-constexpr int kDqStagedBarrier = 2;
-constexpr int kDqFreeBarrier = 3;
+constexpr int kDqStagedBarrier = 2;  // and 6: one per consumer warpgroup
+constexpr int kDqFreeBarrier = 3;    // and 7
 constexpr int kStageFreeBarrier = 4;  // and 5
 constexpr int kConsumersAndWarp = kConsumerThreads + 32;  // the consumers and the dQ or the load warp
+constexpr int kWarpgroupAndWarp = kWarpgroupThreads + 32;  // one consumer warpgroup and the dQ warp
 
 // The query rows per step (Br) at each head_dim, from the register budget of a consumer thread (240,
 // setmaxnreg): dK and dV take d / 2 floats each, S^T and dP^T Br / 2 each, dQ's share 32:
@@ -82,6 +83,10 @@ struct BackwardTiles {
   static constexpr int kBlockRows = kHeadDim == 64 ? 128 : 64;  // Br
   static constexpr int kPanels = kHeadDim / kPanelCols;         // 64-column panels of Q, K, V, dO
   static constexpr int kDsPanels = kBlockRows / kPanelCols;     // 64-query panels of dS^T
+  // K's first k-steps (16 columns of head_dim each) held in registers for the whole block, as S^T's
+  // A operand: S^T's wgmma then reads only Q from shared memory for them. 16 registers: all of K's
+  // 64 columns at head_dim 64, half of them at 128 (ptxas serializes the wgmma with more, C7512).
+  static constexpr int kKeyFragments = 4;
   // The warpgroup's share of dQ: which dS^T panel it reads (its A) and which K panel (its B).
   __device__ static int dq_ds_panel(int consumer) { return kDsPanels == 1 ? 0 : consumer; }
   __device__ static int dq_k_panel(int consumer) { return kPanels == 1 ? 0 : consumer; }
@@ -280,6 +285,34 @@ __device__ inline void stage_free_wait(int s) {
 }
 static_assert(kStages == 2, "one stage-free barrier per stage");
 
+// The dQ staging barriers of consumer warpgroup c, between it and the dQ warp: each warpgroup's share
+// has its own, so that neither waits for the other's share to be staged or read.
+__device__ inline void dq_staged_arrive(int c) {
+  if (c == 0)
+    hopper::named_barrier_arrive<kDqStagedBarrier, kWarpgroupAndWarp>();
+  else
+    hopper::named_barrier_arrive<kDqStagedBarrier + 4, kWarpgroupAndWarp>();
+}
+__device__ inline void dq_staged_wait(int c) {
+  if (c == 0)
+    hopper::named_barrier_sync<kDqStagedBarrier, kWarpgroupAndWarp>();
+  else
+    hopper::named_barrier_sync<kDqStagedBarrier + 4, kWarpgroupAndWarp>();
+}
+__device__ inline void dq_free_arrive(int c) {
+  if (c == 0)
+    hopper::named_barrier_arrive<kDqFreeBarrier, kWarpgroupAndWarp>();
+  else
+    hopper::named_barrier_arrive<kDqFreeBarrier + 4, kWarpgroupAndWarp>();
+}
+__device__ inline void dq_free_wait(int c) {
+  if (c == 0)
+    hopper::named_barrier_sync<kDqFreeBarrier, kWarpgroupAndWarp>();
+  else
+    hopper::named_barrier_sync<kDqFreeBarrier + 4, kWarpgroupAndWarp>();
+}
+static_assert(kConsumers == 2, "one pair of dQ staging barriers per consumer warpgroup");
+
 // The producer: the load warp, whose lane 0 issues every copy. K and V once; then per step, into
 // buffer n % kStages once the consumers have freed it (the first kStages steps find their buffers
 // empty), Q with its rows' lse on q_full and dO with their D on do_full, so that S^T = K Q^T can start
@@ -336,6 +369,24 @@ __device__ inline void issue_transposed_scores(float (&acc)[Tiles::kBlockRows / 
                                                         ks > 0);
 }
 
+// S^T = K Q^T for the warpgroup's 64 keys: its first kFragments k-steps with A = K from registers
+// (load_key_fragments), the rest as issue_transposed_scores, both operands from shared memory.
+template <typename Element, class Tiles, int kFragments>
+__device__ inline void issue_scores(float (&acc)[Tiles::kBlockRows / 2], const uint32_t (&k_frag)[kFragments][4],
+                                    const unsigned char* keys_panel0, const unsigned char* queries_panel0,
+                                    int consumer) {
+  using L = SharedLayout<Tiles>;
+  const unsigned char* own_keys = keys_panel0 + consumer * kWgmmaM * kSwizzleBytes;
+#pragma unroll
+  for (int ks = 0; ks < kFragments; ++ks)
+    hopper::wgmma_rs<Element, Tiles::kBlockRows, 0>(acc, k_frag[ks],
+                                                     k_major_descriptor<L::kQPanelBytes>(queries_panel0, ks), ks > 0);
+#pragma unroll
+  for (int ks = kFragments; ks < Tiles::kHeadDim / kWgmmaK; ++ks)
+    hopper::wgmma_ss<Element, Tiles::kBlockRows, 1, 0>(acc, k_major_descriptor<L::kKVPanelBytes>(own_keys, ks),
+                                                        k_major_descriptor<L::kQPanelBytes>(queries_panel0, ks), true);
+}
+
 // acc (64 keys x d) += X^T Y for the warpgroup's keys: X^T (P^T or dS^T) from registers, one fragment
 // per 16 queries; Y (dO or Q) MN-major.
 template <typename Element, class Tiles>
@@ -378,6 +429,27 @@ struct FragmentPlace {
     t = lane % 4;
   }
 };
+
+// The warpgroup's 64 keys of K as wgmma A fragments, one per 16 columns of head_dim, read once from
+// the swizzled K tile (16-byte chunk c of row r at chunk c ^ (r % 8)): fragment word 2 half + h is
+// key row key0 + 8h, columns 16 ks + 8 half + 2t, + 1 (hopper.cuh's table).
+template <class Tiles, int kFrags>
+__device__ inline void load_key_fragments(uint32_t (&a)[kFrags][4], const unsigned char* k_panel0,
+                                          const FragmentPlace& at) {
+  using L = SharedLayout<Tiles>;
+#pragma unroll
+  for (int ks = 0; ks < kFrags; ++ks)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = at.key0 + 8 * h;
+        const int col = 16 * ks + 8 * half + 2 * at.t;
+        const int panel = col / kPanelCols, chunk = (col % kPanelCols) / 8;
+        a[ks][2 * half + h] = *reinterpret_cast<const uint32_t*>(
+            k_panel0 + panel * L::kKVPanelBytes + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16) + (col % 8) * kElementBytes);
+      }
+}
 
 // P^T = exp2(S^T * scale log2 e - lse log2 e) in place, in fp32, columns (queries) from lse2: a row of
 // the forward that saw no key has lse2 = +inf there (steps.cuh), so its P is 0. Masked: keys past a
