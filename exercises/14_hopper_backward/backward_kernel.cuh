@@ -51,8 +51,8 @@ __device__ inline void count_add(int* counter) {
 // The dQ warp: for each step and each consumer warpgroup, once the warpgroup has staged its share of
 // dQ, lane 0 hands the share to the copy engine, which adds it to its part of the query tile's
 // accumulator in global memory; once the engine has read it, the warp frees that part of the staging
-// buffer for the warpgroup's next share. Deterministic: the block's adds wait for their turn
-// (dq_add_rank) and are counted once both are written.
+// buffer for the warpgroup's next share. Deterministic: once both shares are staged, the block's two
+// adds wait for their turn (dq_add_rank) and are counted once written.
 template <class Tiles, bool kCausal, bool kDeterministic>
 __device__ void add_dq_shares(float* staging, const BlockWork& work, const ProblemShape& problem, float* dq_accum,
                               int* dq_counters) {
@@ -65,23 +65,35 @@ __device__ void add_dq_shares(float* staging, const BlockWork& work, const Probl
     int q_bh, q_tile;
     work.step(n, q_bh, q_tile);
     const long long tile = static_cast<long long>(q_bh) * num_q_tiles_per_head + q_tile;
-    for (int c = 0; c < kConsumers; ++c) {
-      dq_staged_wait(c);
+    float* accum = dq_accum + tile * L::kDqFloats;
+    if constexpr (kDeterministic) {
+      // The blocks after this one in the order wait from its turn until its count: both shares are
+      // staged before the turn is taken, so that the wait holds only the two adds.
+      for (int c = 0; c < kConsumers; ++c) dq_staged_wait(c);
       if (lane == 0) {
-        if constexpr (kDeterministic)
-          if (c == 0) wait_for_count(dq_counters + tile, dq_add_rank<Tiles, kCausal>(work, problem, q_tile));
-        tensor_core::bulk_reduce_add_f32(dq_accum + tile * L::kDqFloats + c * kDqShareFloats,
-                                         staging + c * kDqShareFloats, kDqShareFloats * 4);
+        wait_for_count(dq_counters + tile, dq_add_rank<Tiles, kCausal>(work, problem, q_tile));
+        for (int c = 0; c < kConsumers; ++c)
+          tensor_core::bulk_reduce_add_f32(accum + c * kDqShareFloats, staging + c * kDqShareFloats,
+                                           kDqShareFloats * 4);
         hopper::bulk_commit();
-        if (kDeterministic && c == kConsumers - 1) {
-          hopper::bulk_wait<0>();  // both shares written
-          count_add(dq_counters + tile);
-        } else {
-          hopper::bulk_wait_read<0>();
-        }
+        hopper::bulk_wait<0>();
+        count_add(dq_counters + tile);
       }
       __syncwarp();
-      if (n + 1 < steps) dq_free_arrive(c);
+      for (int c = 0; c < kConsumers; ++c)
+        if (n + 1 < steps) dq_free_arrive(c);
+    } else {
+      for (int c = 0; c < kConsumers; ++c) {
+        dq_staged_wait(c);
+        if (lane == 0) {
+          tensor_core::bulk_reduce_add_f32(accum + c * kDqShareFloats, staging + c * kDqShareFloats,
+                                           kDqShareFloats * 4);
+          hopper::bulk_commit();
+          hopper::bulk_wait_read<0>();
+        }
+        __syncwarp();
+        if (n + 1 < steps) dq_free_arrive(c);
+      }
     }
   }
   if (lane == 0) hopper::bulk_wait<0>();  // the last add written before the block's shared memory goes
