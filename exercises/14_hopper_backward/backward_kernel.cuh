@@ -6,17 +6,17 @@
 // lse and D through two stages (TMA; mbarriers count the bytes, named barriers free the stages), as
 // stage 12's producer streams K and V; its dQ warp adds dQ. Per step (a query tile of one query head
 // of the group), each consumer warpgroup:
-//   1. S^T = K Q^T and dP^T = V dO^T on the tensor cores (two wgmma groups; P^T is computed while
-//      dP^T is still running);
+//   1. S^T = K Q^T (K's first k-steps from registers) and dP^T = V dO^T on the tensor cores (two
+//      wgmma groups; P^T is computed while dP^T is still running);
 //   2. P^T and dS^T = P^T o (dP^T - D) in registers;
 //   3. dV += P^T dO and dK += dS^T Q, with P^T and dS^T as register A operands, while it writes
 //      dS^T to shared memory;
 //   4. after the two warpgroups meet, its 64 x 64 share of dQ = dS K, staged in shared memory; the
-//      dQ warp hands the block's dQ share to the copy engine, which adds it to the fp32 accumulator in
-//      global memory (cp.reduce.async.bulk .add.f32).
+//      dQ warp hands each warpgroup's share to the copy engine, which adds it to the fp32 accumulator
+//      in global memory (cp.reduce.async.bulk .add.f32).
 // With kDeterministic the adds to each query tile's accumulator happen in a fixed order (dq_add_rank):
 // the dQ warp waits for a counter per query tile to reach its block's place in that order before it
-// issues the add, and counts its own add once the copy engine has written it. dK and dV are summed in
+// issues the block's two adds, and counts them once the copy engine has written them. dK and dV are summed in
 // registers over the query heads of the GQA group and written once, at the end.
 #pragma once
 

@@ -744,7 +744,7 @@ def stage14_backward_pipeline(step=540):
     consumers, bc = c["kConsumers"], c["kBlockCols"]
     ds_bar, staged_bar, free_bar = c["kDsWrittenBarrier"], c["kDqStagedBarrier"], c["kDqFreeBarrier"]
     stage_free_bar = c["kStageFreeBarrier"]
-    ds_threads, dq_threads = c["kConsumerThreads"], c["kConsumersAndWarp"]
+    ds_threads, dq_threads, pair_threads = c["kConsumerThreads"], c["kConsumersAndWarp"], c["kWarpgroupAndWarp"]
     if stages != 2 or consumers != 2:
         raise RuntimeError("this diagram draws two Q/dO stages and two consumer warpgroups")
     first, last = -0.4, 1.45  # the window, in steps: the end of step n-1, step n, the start of step n+1
@@ -763,12 +763,13 @@ def stage14_backward_pipeline(step=540):
         "syncs before it loads the stage again).",
         f"bar {ds_bar} (bar.sync, {ds_threads} threads: both consumers): each dQ share reads the dSᵀ rows of both "
         f"consumers ({bc} keys), so neither starts its share before both have written theirs.",
-        f"bar {free_bar} ({dq_threads} threads: the consumers sync, the dQ warp arrives) and bar {staged_bar} (the "
-        "consumers arrive, the dQ warp syncs): the staging buffer passes from the consumers to the copy engine "
-        "and back.",
-        "The dQ warp's lane 0 issues one cp.reduce.async.bulk .add.f32 of the block's whole Br × d share into "
-        "the fp32 accumulator in global memory, waits until the engine has read the buffer (not until it has "
-        "added it), and frees the buffer.",
+        f"bar {free_bar} and bar {staged_bar} for consumer 0, bar {free_bar + 4} and bar {staged_bar + 4} for "
+        f"consumer 1 ({pair_threads} threads each: the consumer and the dQ warp): dQ free (the consumer syncs, the "
+        "dQ warp arrives) and dQ staged (the other way round): each consumer's part of the staging buffer passes "
+        "to the copy engine and back on its own.",
+        "For each consumer's share, the dQ warp's lane 0 issues one cp.reduce.async.bulk .add.f32 into its part "
+        "of the fp32 accumulator in global memory, waits until the engine has read it (not until it has added "
+        "it), and frees that part.",
         "dSᵀ has two buffers by step parity: a consumer may write step n+1's while the other still reads step "
         "n's for its dQ share.",
     ]
@@ -844,16 +845,16 @@ def stage14_backward_pipeline(step=540):
         box("dQ staging (fp32)", n + 0.75, n + 0.93, staging, f"{name[n]}: shares written", opacity=0.8, text="#222")
         box("dQ staging (fp32)", n + 0.96, n + 1.12, staging, "engine reads", opacity=0.45, text="#222")
         box("dQ warp (lane 0)", n + 0.96, n + 0.99, issuing)
-        box("dQ warp (lane 0)", n + 0.99, n + 1.12, bulk, "bulk add")
+        box("dQ warp (lane 0)", n + 0.99, n + 1.12, bulk, "bulk adds")
         box("dQ warp (lane 0)", n + 0.14, n + dq_staged, wait, "wait for the next shares", text="#555")
     # The named barriers: who meets whom.
     consumer_top = y["consumer 0: its wgmma"]
     last_threads = f"consumer {consumers - 1}: its threads"
     consumer_bottom, dq_bottom = y[last_threads] + h[last_threads], y["dQ warp (lane 0)"] + h["dQ warp (lane 0)"]
     for t, label, colour in ((ds_written, f"bar {ds_bar}: dS written", "#c00"),
-                             (dq_free, f"bar {free_bar}: dQ free", "#06c"),
-                             (dq_staged, f"bar {staged_bar}: dQ staged", "#080"),
-                             (dq_staged - 1, f"bar {staged_bar}: dQ staged", "#080")):
+                             (dq_free, f"bars {free_bar}, {free_bar + 4}: dQ free", "#06c"),
+                             (dq_staged, f"bars {staged_bar}, {staged_bar + 4}: dQ staged", "#080"),
+                             (dq_staged - 1, f"bars {staged_bar}, {staged_bar + 4}: dQ staged", "#080")):
         if first <= t <= last:
             svg.line(tx(t), consumer_top - 4, tx(t), dq_bottom + 4, colour, 1.4, dash="4,3")
             svg.text(tx(t) + 3, dq_bottom + 14, label, 9, fill=colour, weight="bold")

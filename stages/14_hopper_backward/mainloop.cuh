@@ -5,7 +5,7 @@
 // The block owns one K/V tile of Bc = 128 keys. Each of its two consumer warpgroups owns 64 of those
 // keys, and works with the transposes of the forward's matrices, so that the key is always the M of
 // its wgmma (the 64 rows a warpgroup's accumulators hold):
-//   S^T  = K Q^T           64 keys x Br queries   A = K (shared), B = Q (shared, K-major)
+//   S^T  = K Q^T           64 keys x Br queries   A = K (registers, then shared), B = Q (shared, K-major)
 //   dP^T = V dO^T          64 keys x Br queries   A = V (shared), B = dO (shared, K-major)
 //   P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T o (dP^T - D)      (registers)
 //   dV  += P^T dO          64 keys x d            A = P^T (registers), B = dO (shared, MN-major)
@@ -69,9 +69,10 @@ constexpr int kConsumersAndWarp = kConsumerThreads + 32;  // the consumers and t
 constexpr int kWarpgroupAndWarp = kWarpgroupThreads + 32;  // one consumer warpgroup and the dQ warp
 
 // The query rows per step (Br) at each head_dim, from the register budget of a consumer thread (240,
-// setmaxnreg): dK and dV take d / 2 floats each, S^T and dP^T Br / 2 each, dQ's share 32:
-//   head_dim 128, Br = 64:  64 + 64 + 32 + 32 + 32 = 224
-//   head_dim 64,  Br = 128: 32 + 32 + 64 + 64 + 32 = 224
+// setmaxnreg): dK and dV take d / 2 floats each, S^T and dP^T Br / 2 each, dQ's share 32, K's
+// fragments 16 (kKeyFragments):
+//   head_dim 128, Br = 64:  64 + 64 + 32 + 32 + 32 + 16 = 240
+//   head_dim 64,  Br = 128: 32 + 32 + 64 + 64 + 32 + 16 = 240
 // (the dQ share is not live at the same time as all of S^T and dP^T, so the peak is lower). The
 // shared memory (SharedLayout) fits with two Q/dO stages and two dS buffers either way: 198696 and
 // 199720 bytes of the H100's 232448 per block, alignment slack included.

@@ -315,7 +315,11 @@ VARIANT_RUNS = (("scores-ahead", "ceb7008", "the next step's $S^\\top$ issued be
                  "own query tile", "1cbccea"),
                 ("rotated-start-and-step-order", "00ace29", "the same two changes", "9c41013"),
                 ("lse-d-shuffles", "a4a37ca", "lse and D loaded once per warp and handed out by shuffles "
-                 "(64 query rows: head_dim 128)", "9c41013"))
+                 "(64 query rows: head_dim 128)", "9c41013"),
+                ("key-fragments", "4654f2a, kept", "K's first 4 k-steps held in registers as $S^\\top$'s A operand",
+                 "9c41013"),
+                ("dq-barriers-per-warpgroup", "f8f7691, kept", "a pair of dQ staging barriers per consumer warpgroup, "
+                 "each share added on its own", "4654f2a"))
 
 
 def load_variants():
@@ -401,7 +405,7 @@ def stage14_timing_method_table():
              "N 4096 and 16384 | stage 14 / FA2, N >= 1024 | deterministic / default |",
              "|---|---|---|---|---|---|---|"]
     for label, suffix in (("one implementation after the other (fa0b401)", "_sequential_backward"),
-                          ("in the cell's interleaved rounds (4d2c213)", "")):
+                          ("in the cell's interleaved rounds (4d2c213)", "_interleaved_backward")):
         for tag in TAGS:
             rows = load_backward_file(f"compare_h100_{tag}{suffix}.json")
             cudnn, flash = speeds(rows, STAGE, "sdpa-cudnn"), speeds(rows, STAGE, "sdpa-flash")
@@ -416,5 +420,6 @@ def stage14_timing_method_table():
                  "H100 80GB HBM3, head_dim 64 and 128, causal and not. The kernel is the same in both runs (fa0b401's; "
                  "d20d578 and abfe272 changed compare.py's timing, 4d2c213 added the fa4 column). One after the other: `--budget-ms 40`, "
                  "`bench/results/compare_h100_bf16_sequential_backward.json` and `compare_h100_fp16_sequential_backward.json`; "
-                 "interleaved: `--budget-ms 150`, `compare_h100_bf16.json` and `compare_h100_fp16.json`.")
+                 "interleaved: `--budget-ms 150`, `compare_h100_bf16_interleaved_backward.json` and "
+                 "`compare_h100_fp16_interleaved_backward.json` (the lesson's files before the kernel changed again).")
     return "\n".join(lines)
