@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float acc_dv[kHeadDim / 2] = {};
   mbarrier_wait(sm.kv_full(), 0);
   // The first k-steps of the warpgroup's K, as S^T's A operand for the whole block (BackwardTiles).
-  uint32_t k_frag[Tiles::kKeyFragments > 0 ? Tiles::kKeyFragments : 1][4];
-  if constexpr (Tiles::kKeyFragments > 0) load_key_fragments<Tiles>(k_frag, sm.k(0), at);
+  uint32_t k_frag[Tiles::kKeyFragments][4];
+  load_key_fragments<Tiles>(k_frag, sm.k(0), at);
 
   const int steps = work.steps();
   auto step = [&](int n, auto masked) {
@@ -151,26 +151,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 1. S^T and dP^T.
     mbarrier_wait(sm.q_full(s), parity);
     wgmma_fence();
-    if constexpr (Tiles::kKeyFragments > 0)
-      issue_scores<Element, Tiles>(s_t, k_frag, sm.k(0), sm.q(s, 0), warpgroup);
-    else
-      issue_transposed_scores<Element, Tiles>(s_t, sm.k(0), sm.q(s, 0), warpgroup);
+    issue_scores<Element, Tiles>(s_t, k_frag, sm.k(0), sm.q(s, 0), warpgroup);
     wgmma_commit_group();
-    float2 lse2[kBlockRows / 8], d_col[kBlockRows / 8];
-    if constexpr (Tiles::kColumnsAhead) load_column_pairs<Tiles>(lse2, sm.lse2(s), at);
     mbarrier_wait(sm.do_full(s), parity);
     issue_transposed_scores<Element, Tiles>(dp_t, sm.v(0), sm.d_o(s, 0), warpgroup);
     wgmma_commit_group();
     // 2. P^T while dP^T runs, then dS^T.
     wgmma_wait_group<1>();
     fence_registers(s_t);
-    if constexpr (!Tiles::kColumnsAhead) load_column_pairs<Tiles>(lse2, sm.lse2(s), at);
-    probabilities<Tiles, kCausal, decltype(masked)::value>(s_t, lse2, at, work.first_key, first_row, problem);
-    if constexpr (Tiles::kColumnsAhead) load_column_pairs<Tiles>(d_col, sm.d(s), at);
+    probabilities<Tiles, kCausal, decltype(masked)::value>(s_t, sm.lse2(s), at, work.first_key, first_row, problem);
     wgmma_wait_group<0>();
     fence_registers(dp_t);
-    if constexpr (!Tiles::kColumnsAhead) load_column_pairs<Tiles>(d_col, sm.d(s), at);
-    score_gradients<Tiles>(dp_t, s_t, d_col);
+    score_gradients<Tiles>(dp_t, s_t, sm.d(s), at);
     uint32_t p_frag[kBlockRows / 16][4], ds_frag[kBlockRows / 16][4];
     to_a_fragments<Element, kBlockRows>(s_t, p_frag);
     to_a_fragments<Element, kBlockRows>(dp_t, ds_frag);

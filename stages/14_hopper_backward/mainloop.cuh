@@ -87,9 +87,7 @@ struct BackwardTiles {
   // K's first k-steps (16 columns of head_dim each) held in registers for the whole block, as S^T's
   // A operand: S^T's wgmma then reads only Q from shared memory for them. 16 registers: all of K's
   // 64 columns at head_dim 64, half of them at 128 (ptxas serializes the wgmma with more, C7512).
-  static constexpr int kKeyFragments = kHeadDim == 64 ? 4 : 0;
-  // At head_dim 128 the registers go instead to the step's lse and D, loaded ahead of the products.
-  static constexpr bool kColumnsAhead = kHeadDim == 128;
+  static constexpr int kKeyFragments = 4;
   // The warpgroup's share of dQ: which dS^T panel it reads (its A) and which K panel (its B).
   __device__ static int dq_ds_panel(int consumer) { return kDsPanels == 1 ? 0 : consumer; }
   __device__ static int dq_k_panel(int consumer) { return kPanels == 1 ? 0 : consumer; }
@@ -458,12 +456,12 @@ __device__ inline void load_key_fragments(uint32_t (&a)[kFrags][4], const unsign
 // the forward that saw no key has lse2 = +inf there (steps.cuh), so its P is 0. Masked: keys past a
 // query's last visible key, or past seq_kv, get 0.
 template <class Tiles, bool kCausal, bool kMasked>
-__device__ inline void probabilities(float (&s)[Tiles::kBlockRows / 2], const float2 (&lse2)[Tiles::kBlockRows / 8],
+__device__ inline void probabilities(float (&s)[Tiles::kBlockRows / 2], const float* lse2,
                                      const FragmentPlace& at, int first_key, int first_row,
                                      const ProblemShape& problem) {
 #pragma unroll
   for (int i = 0; i < Tiles::kBlockRows / 8; ++i) {
-    const float2 l = lse2[i];
+    const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * at.t);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -482,20 +480,13 @@ __device__ inline void probabilities(float (&s)[Tiles::kBlockRows / 2], const fl
   }
 }
 
-// The per-query values (lse2 or D) of this thread's accumulator columns 8i + 2t, + 1.
-template <class Tiles>
-__device__ inline void load_column_pairs(float2 (&out)[Tiles::kBlockRows / 8], const float* rows, const FragmentPlace& at) {
-#pragma unroll
-  for (int i = 0; i < Tiles::kBlockRows / 8; ++i) out[i] = *reinterpret_cast<const float2*>(rows + 8 * i + 2 * at.t);
-}
-
 // dS^T = P^T o (dP^T - D) in place in dp, with D of each column (query).
 template <class Tiles>
 __device__ inline void score_gradients(float (&dp)[Tiles::kBlockRows / 2], const float (&p)[Tiles::kBlockRows / 2],
-                                       const float2 (&d)[Tiles::kBlockRows / 8]) {
+                                       const float* d, const FragmentPlace& at) {
 #pragma unroll
   for (int i = 0; i < Tiles::kBlockRows / 8; ++i) {
-    const float2 dd = d[i];
+    const float2 dd = *reinterpret_cast<const float2*>(d + 8 * i + 2 * at.t);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       dp[4 * i + 2 * h] = p[4 * i + 2 * h] * (dp[4 * i + 2 * h] - dd.x);
