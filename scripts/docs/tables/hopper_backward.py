@@ -319,7 +319,9 @@ VARIANT_RUNS = (("scores-ahead", "ceb7008", "the next step's $S^\\top$ issued be
                 ("key-fragments", "4654f2a, kept", "K's first 4 k-steps held in registers as $S^\\top$'s A operand",
                  "9c41013"),
                 ("dq-barriers-per-warpgroup", "f8f7691, kept", "a pair of dQ staging barriers per consumer warpgroup, "
-                 "each share added on its own", "4654f2a"))
+                 "each share added on its own", "4654f2a"),
+                ("columns-ahead", "53d9289", "at head_dim 128 lse and D loaded into registers ahead of the "
+                 "products, in place of K's fragments", "642116a"))
 
 
 def load_variants():
