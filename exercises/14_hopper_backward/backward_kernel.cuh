@@ -60,16 +60,16 @@ __device__ void add_dq_shares(float* staging, const BlockWork& work, const Probl
   const int lane = threadIdx.x % 32;
   const int num_q_tiles_per_head = problem.padded_seq_q / Tiles::kBlockRows;
   const int steps = work.steps();
-  for (int c = 0; c < kConsumers; ++c) dq_free_arrive(c);  // the buffers start empty
+  for (int c = 0; c < kConsumers; ++c) dq_barrier_arrive<kDqFreeBarrier>(c);  // the buffers start empty
   for (int n = 0; n < steps; ++n) {
     int q_bh, q_tile;
     work.step(n, q_bh, q_tile);
     const long long tile = static_cast<long long>(q_bh) * num_q_tiles_per_head + q_tile;
     float* accum = dq_accum + tile * L::kDqFloats;
     if constexpr (kDeterministic) {
-      // The blocks after this one in the order wait from its turn until its count: both shares are
-      // staged before the turn is taken, so that the wait holds only the two adds.
-      for (int c = 0; c < kConsumers; ++c) dq_staged_wait(c);
+      // The blocks after this one in the order wait from its turn until its count, so both shares are
+      // staged before it takes its turn: their wait then spans only the two adds.
+      for (int c = 0; c < kConsumers; ++c) dq_barrier_wait<kDqStagedBarrier>(c);
       if (lane == 0) {
         wait_for_count(dq_counters + tile, dq_add_rank<Tiles, kCausal>(work, problem, q_tile));
         for (int c = 0; c < kConsumers; ++c)
@@ -81,10 +81,10 @@ __device__ void add_dq_shares(float* staging, const BlockWork& work, const Probl
       }
       __syncwarp();
       for (int c = 0; c < kConsumers; ++c)
-        if (n + 1 < steps) dq_free_arrive(c);
+        if (n + 1 < steps) dq_barrier_arrive<kDqFreeBarrier>(c);
     } else {
       for (int c = 0; c < kConsumers; ++c) {
-        dq_staged_wait(c);
+        dq_barrier_wait<kDqStagedBarrier>(c);
         if (lane == 0) {
           tensor_core::bulk_reduce_add_f32(accum + c * kDqShareFloats, staging + c * kDqShareFloats,
                                            kDqShareFloats * 4);
@@ -92,7 +92,7 @@ __device__ void add_dq_shares(float* staging, const BlockWork& work, const Probl
           hopper::bulk_wait_read<0>();
         }
         __syncwarp();
-        if (n + 1 < steps) dq_free_arrive(c);
+        if (n + 1 < steps) dq_barrier_arrive<kDqFreeBarrier>(c);
       }
     }
   }
@@ -189,13 +189,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // stage (it waits only for the stages it loads again).
     if (n + kStages < steps) stage_free_arrive(s);
     float* staging = sm.dq();
-    dq_free_wait(warpgroup);
+    dq_barrier_wait<kDqFreeBarrier>(warpgroup);
 #pragma unroll
     for (int j = 0; j < kWgmmaM / 8; ++j)
       *reinterpret_cast<float4*>(staging + dq_share_offset(warpgroup, j, thread)) =
           make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
     hopper::fence_proxy_async_shared();  // the staging stores, before the copy engine reads them
-    dq_staged_arrive(warpgroup);
+    dq_barrier_arrive<kDqStagedBarrier>(warpgroup);
   };
 
   for (int n = 0; n < steps; ++n) {

@@ -286,31 +286,22 @@ __device__ inline void stage_free_wait(int s) {
 }
 static_assert(kStages == 2, "one stage-free barrier per stage");
 
-// The dQ staging barriers of consumer warpgroup c, between it and the dQ warp: each warpgroup's share
-// has its own, so that neither waits for the other's share to be staged or read.
-__device__ inline void dq_staged_arrive(int c) {
+// The dQ staging barriers of consumer warpgroup c, between it and the dQ warp: kBarrier
+// (kDqStagedBarrier or kDqFreeBarrier) for warpgroup 0, kBarrier + 4 for warpgroup 1, so that neither
+// waits for the other's share to be staged or read. The ids are immediates, hence the branch.
+template <int kBarrier>
+__device__ inline void dq_barrier_arrive(int c) {
   if (c == 0)
-    hopper::named_barrier_arrive<kDqStagedBarrier, kWarpgroupAndWarp>();
+    hopper::named_barrier_arrive<kBarrier, kWarpgroupAndWarp>();
   else
-    hopper::named_barrier_arrive<kDqStagedBarrier + 4, kWarpgroupAndWarp>();
+    hopper::named_barrier_arrive<kBarrier + 4, kWarpgroupAndWarp>();
 }
-__device__ inline void dq_staged_wait(int c) {
+template <int kBarrier>
+__device__ inline void dq_barrier_wait(int c) {
   if (c == 0)
-    hopper::named_barrier_sync<kDqStagedBarrier, kWarpgroupAndWarp>();
+    hopper::named_barrier_sync<kBarrier, kWarpgroupAndWarp>();
   else
-    hopper::named_barrier_sync<kDqStagedBarrier + 4, kWarpgroupAndWarp>();
-}
-__device__ inline void dq_free_arrive(int c) {
-  if (c == 0)
-    hopper::named_barrier_arrive<kDqFreeBarrier, kWarpgroupAndWarp>();
-  else
-    hopper::named_barrier_arrive<kDqFreeBarrier + 4, kWarpgroupAndWarp>();
-}
-__device__ inline void dq_free_wait(int c) {
-  if (c == 0)
-    hopper::named_barrier_sync<kDqFreeBarrier, kWarpgroupAndWarp>();
-  else
-    hopper::named_barrier_sync<kDqFreeBarrier + 4, kWarpgroupAndWarp>();
+    hopper::named_barrier_sync<kBarrier + 4, kWarpgroupAndWarp>();
 }
 static_assert(kConsumers == 2, "one pair of dQ staging barriers per consumer warpgroup");
 
@@ -431,9 +422,10 @@ struct FragmentPlace {
   }
 };
 
-// The warpgroup's 64 keys of K as wgmma A fragments, one per 16 columns of head_dim, read once from
-// the swizzled K tile (16-byte chunk c of row r at chunk c ^ (r % 8)): fragment word 2 half + h is
-// key row key0 + 8h, columns 16 ks + 8 half + 2t, + 1 (hopper.cuh's table).
+// The first kFrags k-steps (16 columns of head_dim each) of the warpgroup's 64 keys of K as wgmma A
+// fragments, read once from the K tile, whose 64-column panels of 128 rows are in the 128-byte swizzle
+// (16-byte chunk c of row r at chunk c ^ (r % 8), the layout ds_byte_offset spells out for dS^T):
+// fragment word 2 half + h is key row key0 + 8h, columns 16 ks + 8 half + 2t, + 1 (hopper.cuh's table).
 template <class Tiles, int kFrags>
 __device__ inline void load_key_fragments(uint32_t (&a)[kFrags][4], const unsigned char* k_panel0,
                                           const FragmentPlace& at) {
