@@ -878,23 +878,26 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 // deterministic = true: the same inputs twice give the same bits, in every dtype of the stage, for
-// a GQA problem with the causal mask (dK, dV summed over the group) and odd lengths. A stage without
-// atomics (07) is deterministic whatever the flag, so it is run both ways.
+// a GQA problem (dK, dV summed over the group) with odd lengths, with and without the causal mask (a
+// stage may order its blocks differently in each). A stage without atomics (07) is deterministic
+// whatever the flag, so it is run both ways.
 TEST_P(StageBackward, IsDeterministic) {
   for (flash::DType dtype : GetParam().dtypes)
-    for (bool deterministic : {true, false}) {
-      if (!deterministic && GetParam().backward_atomic) continue;  // the next test is about that mode
-      harness::Problem p{2, 8, 2, 1000, 1024, 64, true};
-      p.dtype = dtype;
-      SCOPED_TRACE(std::string(flash::dtype_name(dtype)) + (deterministic ? ", deterministic" : ", default mode"));
-      const harness::DeviceInputs dev(harness::make_inputs(p, kSeed), p.dtype);
-      const registry::BackwardResult a = registry::run_backward(GetParam(), p, dev, 0.0f, deterministic);
-      const registry::BackwardResult b = registry::run_backward(GetParam(), p, dev, 0.0f, deterministic);
-      ASSERT_TRUE(a.status.ok() && b.status.ok());
-      EXPECT_TRUE(same_bits(a.dq, b.dq));
-      EXPECT_TRUE(same_bits(a.dk, b.dk));
-      EXPECT_TRUE(same_bits(a.dv, b.dv));
-    }
+    for (bool causal : {true, false})
+      for (bool deterministic : {true, false}) {
+        if (!deterministic && GetParam().backward_atomic) continue;  // the next test is about that mode
+        harness::Problem p{2, 8, 2, 1000, 1024, 64, causal};
+        p.dtype = dtype;
+        SCOPED_TRACE(std::string(flash::dtype_name(dtype)) + (causal ? ", causal" : "") +
+                     (deterministic ? ", deterministic" : ", default mode"));
+        const harness::DeviceInputs dev(harness::make_inputs(p, kSeed), p.dtype);
+        const registry::BackwardResult a = registry::run_backward(GetParam(), p, dev, 0.0f, deterministic);
+        const registry::BackwardResult b = registry::run_backward(GetParam(), p, dev, 0.0f, deterministic);
+        ASSERT_TRUE(a.status.ok() && b.status.ok());
+        EXPECT_TRUE(same_bits(a.dq, b.dq));
+        EXPECT_TRUE(same_bits(a.dk, b.dk));
+        EXPECT_TRUE(same_bits(a.dv, b.dv));
+      }
 }
 
 // The default mode of a stage that sums dQ with atomics: dK and dV have one writer each and are bit

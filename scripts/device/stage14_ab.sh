@@ -5,9 +5,10 @@
 # times cuDNN's backward too, so each round gives both versions' speed over cuDNN's beside their TFLOP/s.
 # A and B hold the files of stages/14_hopper_backward/ (e.g. `git archive C stages/14_hopper_backward`
 # unpacked, for a commit C). The stage's own GPU tests run on A's build. Logs in $OUT.
-# Usage: OUT=dir scripts/device/stage14_ab.sh A B [ROUNDS] [DTYPE]
+# Usage: OUT=dir scripts/device/stage14_ab.sh A B [ROUNDS] [DTYPE] [SEQS]
+# SEQS: time_backward.py's sequence lengths, comma-separated (its default when left out).
 set -uo pipefail
-a=$(realpath "$1") b=$(realpath "$2") rounds=${3:-3} dtype=${4:-bfloat16}
+a=$(realpath "$1") b=$(realpath "$2") rounds=${3:-3} dtype=${4:-bfloat16} seqs=${5:-1024,4096,16384}
 out=${OUT:-gpu-logs}
 mkdir -p "$out"
 stage=stages/14_hopper_backward
@@ -30,6 +31,6 @@ stamp "stage 14 tests on A: $(grep -E '^\[  (PASSED|FAILED)' "$out/stage14_tests
 for r in $(seq 1 "$rounds"); do
   for v in b a; do
     stamp "$v, round $r"
-    PYTHONPATH="$work/py_$v" python3 scripts/device/time_backward.py "$dtype" 14 | tee "$out/time_${v}_$r.txt"
+    PYTHONPATH="$work/py_$v" python3 scripts/device/time_backward.py "$dtype" 14 "$seqs" | tee "$out/time_${v}_$r.txt"
   done
 done

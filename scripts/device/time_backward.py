@@ -7,9 +7,10 @@ timed calls after 3 warm-up calls, CUDA events around each call. Stage 14 is als
 deterministic mode (s14d). FLOPs: the FlashAttention convention, backward = 2.5 x forward; causal counts
 half the pairs (an approximation: the figures are read as ratios between two builds).
 
-    PYTHONPATH=<build>/python python3 scripts/device/time_backward.py [DTYPE] [STAGES]
+    PYTHONPATH=<build>/python python3 scripts/device/time_backward.py [DTYPE] [STAGES] [SEQS]
 
-DTYPE: bfloat16 (default) or float16; STAGES: comma-separated, default 14,11.
+DTYPE: bfloat16 (default) or float16; STAGES: comma-separated, default 14,11; SEQS: the sequence
+lengths N, comma-separated, default 1024,4096,16384.
 """
 import statistics
 import sys
@@ -74,8 +75,9 @@ def cell(dtype, stages, d, n, causal):
 def main():
     dtype = getattr(torch, sys.argv[1] if len(sys.argv) > 1 else "bfloat16")
     stages = [int(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "14,11").split(",")]
+    seqs = [int(n) for n in (sys.argv[3] if len(sys.argv) > 3 else "1024,4096,16384").split(",")]
     for d in (64, 128):
-        for n in (1024, 4096, 16384):
+        for n in seqs:
             for causal in (False, True):
                 cell(dtype, stages, d, n, causal)
 
