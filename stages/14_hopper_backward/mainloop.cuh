@@ -164,26 +164,20 @@ struct ProblemShape {
   int padded_seq_q;   // seq_q rounded up to 128: the rows of the workspace's per-row arrays
   float scale_log2;   // softmax scale * log2(e), any sign
   float scale;        // dS's factor in dK and dQ
-  // Without the mask: each block starts at a query tile of its own (block_work). Set by launch_main
-  // when the blocks of one K/V head all fit on the GPU at once, which the deterministic mode's order
-  // then needs (dq_add_rank).
-  bool staggered_start;
 };
 
 // The block's work: K/V tile `key_tile` of K/V head `kv_bh` (batch * heads_kv + head), against every
 // query head of its group and, per head, every query tile from first_q_tile on (causal: the earlier
 // tiles see none of the block's keys).
-// Per head, the block takes the tiles from start_q_tile on, wrapping around after the last.
 struct BlockWork {
   int kv_bh, key_tile, num_key_tiles, first_key, first_q_tile, num_q_tiles, group;
-  int first_q_bh;    // batch * heads_q + the group's first query head
-  int start_q_tile;  // first_q_tile, or with a staggered start the block's own tile
+  int first_q_bh;  // batch * heads_q + the group's first query head
   __device__ int steps() const { return group * (num_q_tiles - first_q_tile); }
   // Step n's query head and query tile.
   __device__ void step(int n, int& q_bh, int& q_tile) const {
     const int per_head = num_q_tiles - first_q_tile;
     q_bh = first_q_bh + n / per_head;
-    q_tile = first_q_tile + (start_q_tile - first_q_tile + n % per_head) % per_head;
+    q_tile = first_q_tile + n % per_head;
   }
 };
 
@@ -208,37 +202,21 @@ __device__ inline BlockWork block_work(const ProblemShape& p) {
   // is first seen by row first_key - (seq_kv - seq_q). Every key is seen by the last row.
   const int first_row = kCausal ? max(0, w.first_key - (p.seq_kv - p.seq_q)) : 0;
   w.first_q_tile = first_row / Tiles::kBlockRows;
-  // Without the mask every block of a head would take the query tiles in the same order, and in the
-  // deterministic mode wait at each for the blocks before it; key tile kt starts at tile kt * T / K of
-  // the head's T (of K key tiles) instead. With the mask the blocks start at their diagonals already.
-  w.start_q_tile = !kCausal && p.staggered_start
-                       ? static_cast<int>(static_cast<long long>(w.key_tile) * w.num_q_tiles / w.num_key_tiles)
-                       : w.first_q_tile;
   return w;
 }
 
 // The deterministic mode: the place of this block's add among the adds into query tile q_tile's dQ
 // accumulator, a fixed order for the problem's shape. Every block waits for the blocks before it, so
-// the order is the one in which the blocks reach the tile when they run at one pace:
-//   not causal, staggered start: key tile kt reaches tile q at step (q - start(kt)) mod T, start(kt) =
-//     kt * T / K nondecreasing in kt: first the last key tile starting at or before q, then down the
-//     key tiles, wrapping around to the last. A block may wait for blocks of higher index, so this
-//     order needs all the blocks of a head on the GPU at once (launch_main sets staggered_start only
-//     then); the blocks of earlier heads never wait for this head's, so they end and make room.
-//   not causal, common start: every block takes the query tiles in order: rank = the key tile, and
-//     the blocks waited for have lower block indices (started first, never waiting for this one);
+// the order is the one in which the blocks reach the tile when they run at one pace, and the blocks
+// waited for have lower block indices (started first, so never waiting for this one):
+//   not causal: every block takes the query tiles in order, the key tiles in block order: rank = the
+//     key tile;
 //   causal: block kt starts at its first visible query tile, which is later for later key tiles, so
 //     a later key tile reaches a given query tile earlier: the blocks run in reverse key-tile order
 //     (block_work), and the rank is (the last key tile that the query tile sees) - kt.
 template <class Tiles, bool kCausal>
 __device__ inline int dq_add_rank(const BlockWork& w, const ProblemShape& p, int q_tile) {
-  if constexpr (!kCausal) {
-    if (!p.staggered_start) return w.key_tile;
-    const int tiles = w.num_q_tiles, keys = w.num_key_tiles;  // T and K
-    // The last kt with kt * T / K <= q, that is kt * T < (q + 1) * K.
-    const int first = static_cast<int>(min(keys - 1LL, ((q_tile + 1LL) * keys - 1) / tiles));
-    return (first - w.key_tile + keys) % keys;
-  }
+  if constexpr (!kCausal) return w.key_tile;
   const int last_row = q_tile * Tiles::kBlockRows + Tiles::kBlockRows - 1;
   const int last_key_tile = min(w.num_key_tiles - 1, (last_row + p.seq_kv - p.seq_q) / kBlockCols);
   return last_key_tile - w.key_tile;
