@@ -120,6 +120,13 @@ flash::Status launch_main(const Launch& a, const Workspace& ws) {
   if (status.ok())
     status = tensor_map::make_3d(&v_map, a.v, a.dtype, kHeadDim, a.seq_kv, heads_total_kv, kPanelCols, kBlockCols);
   if (!status.ok()) return status;
+  // A group of K/V heads: as many heads' blocks as fit one per SM (at least one head).
+  const int num_key_tiles = (a.seq_kv + kBlockCols - 1) / kBlockCols;
+  int device = 0, num_sms = 0;
+  status = flash::cuda_status(cudaGetDevice(&device));
+  if (status.ok())
+    status = flash::cuda_status(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  if (!status.ok()) return status;
   const ProblemShape problem{a.batch,
                              a.heads_q,
                              a.heads_kv,
@@ -127,8 +134,8 @@ flash::Status launch_main(const Launch& a, const Workspace& ws) {
                              a.seq_kv,
                              static_cast<int>(padded_rows_per_head(a.seq_q)),
                              a.scale * kLog2e,
-                             a.scale};
-  const int num_key_tiles = (a.seq_kv + kBlockCols - 1) / kBlockCols;
+                             a.scale,
+                             std::max(1, num_sms / num_key_tiles)};
   const long long blocks = heads_total_kv * num_key_tiles;
   kernel<<<static_cast<unsigned>(blocks), kThreads, kSharedBytes, a.stream>>>(
       q_map, k_map, v_map, do_map, ws.lse2, ws.d, ws.dq_accum, ws.counters, static_cast<Element*>(a.dk),
