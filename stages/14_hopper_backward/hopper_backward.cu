@@ -120,7 +120,7 @@ flash::Status launch_main(const Launch& a, const Workspace& ws) {
   if (status.ok())
     status = tensor_map::make_3d(&v_map, a.v, a.dtype, kHeadDim, a.seq_kv, heads_total_kv, kPanelCols, kBlockCols);
   if (!status.ok()) return status;
-  // A group of K/V heads: as many heads' blocks as fit one per SM (at least one head).
+  // A wave of K/V heads (block_work): as many heads' blocks as fit one per SM, at least one head.
   const int num_key_tiles = (a.seq_kv + kBlockCols - 1) / kBlockCols;
   int device = 0, num_sms = 0;
   status = flash::cuda_status(cudaGetDevice(&device));

@@ -164,7 +164,7 @@ struct ProblemShape {
   int padded_seq_q;   // seq_q rounded up to 128: the rows of the workspace's per-row arrays
   float scale_log2;   // softmax scale * log2(e), any sign
   float scale;        // dS's factor in dK and dQ
-  int group_kv_heads; // K/V heads per group of blocks (block_work): about one block per SM in all
+  int wave_kv_heads;  // K/V heads to a wave of blocks (block_work): about one block per SM in all
 };
 
 // The block's work: K/V tile `key_tile` of K/V head `kv_bh` (batch * heads_kv + head), against every
@@ -182,22 +182,22 @@ struct BlockWork {
   }
 };
 
-// The blocks come in groups of K/V heads, about as many blocks as SMs to a group, so that the ones
-// running at the same time read the Q and dO tiles of a few heads and add into their dQ tiles, which
-// then stay in the L2 cache. Inside a group, in key-tile order across its heads: with the causal mask
-// the first key tiles are seen by the most query tiles, so the longest blocks of every head in the
-// group start first (as stage 10's longest-first order, seen from the keys), and the group's last
+// The blocks come in waves of K/V heads, as many heads as make about one block per SM, so that the
+// ones running at the same time read the Q and dO tiles of a few heads and add into their dQ tiles,
+// which then stay in the L2 cache. Inside a wave, in key-tile order across its heads: with the causal
+// mask the first key tiles are seen by the most query tiles, so the longest blocks of every head in
+// the wave start first (as stage 10's longest-first order, seen from the keys), and the wave's last
 // blocks are short. The deterministic mode with the mask reverses that order (dq_add_rank says why).
 template <class Tiles, bool kCausal, bool kDeterministic>
 __device__ inline BlockWork block_work(const ProblemShape& p) {
   BlockWork w;
   w.num_key_tiles = (p.seq_kv + kBlockCols - 1) / kBlockCols;
-  const int group_blocks = p.group_kv_heads * w.num_key_tiles;
-  const int first_kv_bh = blockIdx.x / group_blocks * p.group_kv_heads;
-  const int heads_in_group = min(p.group_kv_heads, p.batch * p.heads_kv - first_kv_bh);  // fewer in the last
-  const int in_group = blockIdx.x % group_blocks;
-  w.kv_bh = first_kv_bh + in_group % heads_in_group;
-  const int position = in_group / heads_in_group;
+  const int wave_blocks = p.wave_kv_heads * w.num_key_tiles;
+  const int first_kv_bh = blockIdx.x / wave_blocks * p.wave_kv_heads;
+  const int heads_in_wave = min(p.wave_kv_heads, p.batch * p.heads_kv - first_kv_bh);  // fewer in the last
+  const int in_wave = blockIdx.x % wave_blocks;
+  w.kv_bh = first_kv_bh + in_wave % heads_in_wave;
+  const int position = in_wave / heads_in_wave;
   w.key_tile = kCausal && kDeterministic ? w.num_key_tiles - 1 - position : position;
   w.first_key = w.key_tile * kBlockCols;
   w.group = p.heads_q / p.heads_kv;

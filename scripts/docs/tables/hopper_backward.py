@@ -321,48 +321,82 @@ VARIANT_RUNS = (("scores-ahead", "ceb7008", "the next step's $S^\\top$ issued be
                 ("dq-barriers-per-warpgroup", "f8f7691, kept", "a pair of dQ staging barriers per consumer warpgroup, "
                  "each share added on its own", "4654f2a"),
                 ("columns-ahead", "53d9289", "at head_dim 128 lse and D loaded into registers ahead of the "
-                 "products, in place of K's fragments", "642116a"))
+                 "products, in place of K's fragments", "642116a"),
+                ("staggered-start", "55c977a", "without the mask each block starting at a query tile of its own, "
+                 "the deterministic adds ranked by arrival", "ca08815"),
+                ("head-waves", "ee2a5e8, kept", "the blocks in waves of K/V heads, key tile first inside a wave",
+                 "ca08815"))
+# The runs about the block order, whose deterministic mode the second table shows cell by cell.
+ORDER_RUNS = ("staggered-start", "head-waves")
 
 
-def load_variants():
-    """{(run, 'baseline' | 'variant', d, causal, n): [stage 14's TFLOP/s, one per round]} of VARIANTS_FILE."""
+def load_variants(column="s14"):
+    """{(run, 'baseline' | 'variant', d, causal, n): [TFLOP/s, one per round]} of VARIANTS_FILE: stage 14's
+    (column s14) or its deterministic mode's (s14d)."""
     found, key = {}, None
     for line in (RESULTS / VARIANTS_FILE).read_text().splitlines():
         head = re.match(r"## (\S+) run, round \d+: (baseline|variant)", line)
         if head:
             key = (head[1], head[2])
             continue
-        cell = re.match(r"d(\d+) N(\d+) causal=(\d) s14=(\d+)", line)
+        cell = re.match(r"d(\d+) N(\d+) causal=(\d) s14=(\d+) s14d=(\d+)", line)
         if cell and key:
-            d, n, causal, tflops = (int(x) for x in cell.groups())
+            d, n, causal = (int(x) for x in cell.groups()[:3])
+            tflops = int(cell[4] if column == "s14" else cell[5])
             found.setdefault(key + (d, causal, n), []).append(tflops)
     return found
 
 
+def variant_ratio(found, run, d, c, n):
+    """The median over the run's rounds of the variant's TFLOP/s over that of the baseline's."""
+    return statistics.median(found[(run, "variant", d, c, n)]) / statistics.median(found[(run, "baseline", d, c, n)])
+
+
 def stage14_variants_table():
-    """Each variant against its baseline in its run: the median over rounds of stage 14's TFLOP/s per cell,
-    the variant's over the baseline's, and the geometric mean of that per head_dim."""
-    found = load_variants()
-    seqs = sorted({k[4] for k in found})
+    """Each variant against its baseline in its run: per cell of the sequence lengths every run timed, the
+    median over rounds of stage 14's TFLOP/s, the variant's over the baseline's; the geometric mean of that
+    per head_dim, and the same for the deterministic mode; then the deterministic mode cell by cell for the
+    runs about the block order."""
+    found, det = load_variants(), load_variants("s14d")
+    runs = [run for run, _, _, _ in VARIANT_RUNS]
+    seqs = sorted(set.intersection(*({k[4] for k in found if k[0] == run} for run in runs)))
     lines = ["| variant | baseline | head_dim | " + " | ".join(f"N {n}{', causal' if c else ''}" for c in (0, 1) for n in seqs)
-             + " | geometric mean |", "|---|---|---|" + "---|" * (2 * len(seqs) + 1)]
+             + " | geometric mean | deterministic mode, geometric mean |", "|---|---|---|" + "---|" * (2 * len(seqs) + 2)]
     for run, commit, what, baseline in VARIANT_RUNS:
         for d in (64, 128):
-            ratios, cells = [], []
-            for c in (0, 1):
-                for n in seqs:
-                    kept = statistics.median(found[(run, "baseline", d, c, n)])
-                    var = statistics.median(found[(run, "variant", d, c, n)])
-                    ratios.append(var / kept)
-                    cells.append(f"{var / kept:.2f}")
-            lines.append(f"| {what} ({commit}) | {baseline} | {d} | " + " | ".join(cells) + f" | {geo_mean(ratios):.2f} |")
-    rounds = {run: len(found[(run, "baseline", 64, 0, seqs[0])]) for run, _, _, _ in VARIANT_RUNS}
+            ratios = [variant_ratio(found, run, d, c, n) for c in (0, 1) for n in seqs]
+            det_ratios = [variant_ratio(det, run, d, c, n) for c in (0, 1) for n in seqs]
+            lines.append(f"| {what} ({commit}) | {baseline} | {d} | " + " | ".join(f"{r:.2f}" for r in ratios)
+                         + f" | {geo_mean(ratios):.2f} | {geo_mean(det_ratios):.2f} |")
+    rounds = {run: len(found[(run, "baseline", 64, 0, seqs[0])]) for run in runs}
     lines.append("")
     lines.append("Stage 14's backward, bf16, on the FlashAttention grid (B·N = 16384, H·d = 2048), NVIDIA H100 80GB "
                  "HBM3: each variant's TFLOP/s over its baseline's (stage 14 at the baseline's commit), each the median over the run's rounds ("
                  + ", ".join(f"{run}: {k}" for run, k in rounds.items()) + ") of `scripts/device/time_backward.py`'s "
                  "median of 20 calls; the two builds alternated in one run, the baseline first. Above 1: the "
-                 f"variant is faster. From `bench/results/{VARIANTS_FILE}`.")
+                 "variant is faster. The geometric means are over the cells shown; the last column's, over the same "
+                 f"cells of the deterministic mode (each build's own). From `bench/results/{VARIANTS_FILE}`.")
+    lines.append("")
+    order_seqs = sorted({k[4] for k in det if k[0] in ORDER_RUNS})
+    lines.append("| variant | head_dim | causal | " + " | ".join(f"N {n}" for n in order_seqs)
+                 + " | variant: deterministic / default, lowest |")
+    lines.append("|---|---|---|" + "---|" * (len(order_seqs) + 1))
+    for run, commit, what, baseline in VARIANT_RUNS:
+        if run not in ORDER_RUNS:
+            continue
+        for d in (64, 128):
+            for c in (0, 1):
+                cells = [f"{variant_ratio(det, run, d, c, n):.2f}" if (run, "variant", d, c, n) in det else "–"
+                         for n in order_seqs]
+                own = [statistics.median(det[(run, "variant", d, c, n)]) / statistics.median(found[(run, "variant", d, c, n)])
+                       for n in order_seqs if (run, "variant", d, c, n) in det]
+                lines.append(f"| {what} ({commit}) | {d} | {'yes' if c else 'no'} | " + " | ".join(cells)
+                             + f" | {min(own):.2f} |")
+    lines.append("")
+    lines.append("The deterministic mode of the same runs: its TFLOP/s in the variant's build over that in the "
+                 "baseline's, the median over the rounds of each, per cell (\"–\": not timed in that run). The last "
+                 "column: the variant's deterministic mode over its default mode, the lowest over the row's cells. "
+                 f"From `bench/results/{VARIANTS_FILE}`.")
     return "\n".join(lines)
 
 
