@@ -148,8 +148,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int first_row = q_tile * kBlockRows;
     float s_t[kBlockRows / 2];
     float dp_t[kBlockRows / 2];
-    // 1. S^T and dP^T.
+    // 1. S^T and dP^T; at Br = 64 the lse of this thread's columns into registers first
+    // (BackwardTiles::kLseAhead), at Br = 128 read from shared memory as P^T needs each pair.
     mbarrier_wait(sm.q_full(s), parity);
+    [[maybe_unused]] float2 lse2_ahead[kBlockRows / 8];
+    if constexpr (Tiles::kLseAhead) load_lse2<Tiles>(lse2_ahead, sm.lse2(s), at);
+    auto lse2_pair = [&](int i) {
+      if constexpr (Tiles::kLseAhead)
+        return lse2_ahead[i];
+      else
+        return *reinterpret_cast<const float2*>(sm.lse2(s) + 8 * i + 2 * at.t);
+    };
     wgmma_fence();
     issue_scores<Element, Tiles>(s_t, k_frag, sm.k(0), sm.q(s, 0), warpgroup);
     wgmma_commit_group();
@@ -159,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 2. P^T while dP^T runs, then dS^T.
     wgmma_wait_group<1>();
     fence_registers(s_t);
-    probabilities<Tiles, kCausal, decltype(masked)::value>(s_t, sm.lse2(s), at, work.first_key, first_row, problem);
+    probabilities<Tiles, kCausal, decltype(masked)::value>(s_t, lse2_pair, at, work.first_key, first_row, problem);
     wgmma_wait_group<0>();
     fence_registers(dp_t);
     score_gradients<Tiles>(dp_t, s_t, sm.d(s), at);

@@ -88,6 +88,11 @@ struct BackwardTiles {
   // A operand: S^T's wgmma then reads only Q from shared memory for them. 16 registers: all of K's
   // 64 columns at head_dim 64, half of them at 128 (ptxas serializes the wgmma with more, C7512).
   static constexpr int kKeyFragments = 4;
+  // The step's lse read into registers before its products are issued (load_lse2), rather than
+  // pair by pair as P^T needs it: a load issued after the products waits behind their wgmma
+  // instructions in each warp's queue to shared memory. At Br = 64 the 16 registers fit beside K's
+  // fragments (ptxas spills one other register); the 32 of Br = 128 spill.
+  static constexpr bool kLseAhead = kBlockRows == 64;
   // The warpgroup's share of dQ: which dS^T panel it reads (its A) and which K panel (its B).
   __device__ static int dq_ds_panel(int consumer) { return kDsPanels == 1 ? 0 : consumer; }
   __device__ static int dq_k_panel(int consumer) { return kPanels == 1 ? 0 : consumer; }
@@ -450,16 +455,26 @@ __device__ inline void load_key_fragments(uint32_t (&a)[kFrags][4], const unsign
       }
 }
 
-// P^T = exp2(S^T * scale log2 e - lse log2 e) in place, in fp32, columns (queries) from lse2: a row of
-// the forward that saw no key has lse2 = +inf there (steps.cuh), so its P is 0. Masked: keys past a
-// query's last visible key, or past seq_kv, get 0.
-template <class Tiles, bool kCausal, bool kMasked>
-__device__ inline void probabilities(float (&s)[Tiles::kBlockRows / 2], const float* lse2,
+// The step's base-2 lse of this thread's columns, the pairs of queries 8i + 2t, + 1, from the stage's
+// lse array.
+template <class Tiles>
+__device__ inline void load_lse2(float2 (&lse2)[Tiles::kBlockRows / 8], const float* lse2_shared,
+                                 const FragmentPlace& at) {
+#pragma unroll
+  for (int i = 0; i < Tiles::kBlockRows / 8; ++i)
+    lse2[i] = *reinterpret_cast<const float2*>(lse2_shared + 8 * i + 2 * at.t);
+}
+
+// P^T = exp2(S^T * scale log2 e - lse log2 e) in place, in fp32, with lse2_pair(i) the base-2 lse of
+// the columns (queries) 8i + 2t, + 1: a row of the forward that saw no key has lse2 = +inf there
+// (steps.cuh), so its P is 0. Masked: keys past a query's last visible key, or past seq_kv, get 0.
+template <class Tiles, bool kCausal, bool kMasked, class Lse2Pair>
+__device__ inline void probabilities(float (&s)[Tiles::kBlockRows / 2], const Lse2Pair& lse2_pair,
                                      const FragmentPlace& at, int first_key, int first_row,
                                      const ProblemShape& problem) {
 #pragma unroll
   for (int i = 0; i < Tiles::kBlockRows / 8; ++i) {
-    const float2 l = *reinterpret_cast<const float2*>(lse2 + 8 * i + 2 * at.t);
+    const float2 l = lse2_pair(i);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
