@@ -176,11 +176,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     to_a_fragments<Element, kBlockRows>(s_t, p_frag);
     to_a_fragments<Element, kBlockRows>(dp_t, ds_frag);
     // 3. dV and dK; dS^T to shared memory meanwhile.
-    store_ds<Element, Tiles>(sm, n, ds_frag, at);
     wgmma_fence();
     issue_key_gradient<Element, Tiles>(acc_dv, p_frag, sm.d_o(s, 0));
     issue_key_gradient<Element, Tiles>(acc_dk, ds_frag, sm.q(s, 0));
     wgmma_commit_group();
+    store_ds<Element, Tiles>(sm, n, ds_frag, at);
     hopper::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
     hopper::named_barrier_sync<kDsWrittenBarrier, kConsumerThreads>();
     // 4. The warpgroup's share of dQ, staged for the dQ warp.
