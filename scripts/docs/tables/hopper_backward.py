@@ -459,3 +459,35 @@ def stage14_timing_method_table():
                  "interleaved: `--budget-ms 150`, `compare_h100_bf16_interleaved_backward.json` and "
                  "`compare_h100_fp16_interleaved_backward.json` (the lesson's files before the kernel changed again).")
     return "\n".join(lines)
+
+
+LOCKED_FILE = "h100_ncu_stage14_locked_clock_ab.txt"
+
+
+def stage14_locked_clock_table():
+    """The runs of scripts/device/stage14_ab_ncu.sh (two versions of the main kernel under Nsight Compute at
+    locked clocks): per cell, each run's B median time over A's and the tensor pipe's activity of B and A."""
+    runs, run = {}, None
+    for line in (RESULTS / LOCKED_FILE).read_text().splitlines():
+        m = re.match(r'## Run "([^"]+)"', line)
+        if m:
+            run = m[1]
+            runs[run] = {}
+        m = re.match(r"d(\d+) N(\d+) c(\d) \|.*\| B/A ([\d.]+) \| tensor % B ([\d.]+) A ([\d.]+)", line)
+        if m and run:
+            runs[run][(int(m[1]), int(m[2]), int(m[3]))] = (float(m[4]), float(m[5]), float(m[6]))
+    names = list(runs)
+    lines = ["| d | N | causal | " + " | ".join(f"{n}: B time / A time | {n}: tensor pipe % (B → A)" for n in names)
+             + " |", "|---|---|---|" + "---|---|" * len(names)]
+    for cell in runs[names[0]]:
+        d, n, causal = cell
+        cols = [f"{runs[r][cell][0]:.3f}x | {runs[r][cell][1]:.1f} → {runs[r][cell][2]:.1f}" for r in names]
+        lines.append(f"| {d} | {n} | {'yes' if causal else 'no'} | " + " | ".join(cols) + " |")
+    lines.append("")
+    lines.append("Stage 14's main kernel under Nsight Compute with the clocks locked at base (`ncu --clock-control "
+                 "base`), bf16, default mode, B·N = 16384, H·d = 2048, NVIDIA H100 80GB HBM3: the median of four "
+                 "launches of each version (two rounds, the two versions in turn), B's time over A's (above 1: A is "
+                 "faster). lse-ahead: B the stage at 8e2dc1a, A the lse read before the products (c7a770f); "
+                 "ds-stores-first: B that stage, A with $dS^\\top$ stored before $dV$ and $dK$ are issued (7196da9). "
+                 f"From `bench/results/{LOCKED_FILE}` (`scripts/device/stage14_ab_ncu.sh`).")
+    return "\n".join(lines)
