@@ -175,26 +175,28 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t p_frag[kBlockRows / 16][4], ds_frag[kBlockRows / 16][4];
     to_a_fragments<Element, kBlockRows>(s_t, p_frag);
     to_a_fragments<Element, kBlockRows>(dp_t, ds_frag);
-    // 3. dV; dS^T to shared memory meanwhile.
+    // 3. dV and dK; dS^T to shared memory meanwhile.
     wgmma_fence();
     issue_key_gradient<Element, Tiles>(acc_dv, p_frag, sm.d_o(s, 0));
+    issue_key_gradient<Element, Tiles>(acc_dk, ds_frag, sm.q(s, 0));
     wgmma_commit_group();
     store_ds<Element, Tiles>(sm, n, ds_frag, at);
     hopper::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
     hopper::named_barrier_sync<kDsWrittenBarrier, kConsumerThreads>();
-    // 4. The warpgroup's share of dQ, then dK behind it: the tensor cores run dK while the share is
-    // staged for the dQ warp.
-    wgmma_wait_group<0>();  // dV
-    fence_registers(acc_dv);
-    fence_registers(p_frag);
+    // 4. The warpgroup's share of dQ, staged for the dQ warp.
     float acc_dq[kWgmmaM / 2];
     wgmma_fence();
     issue_dq_share<Element, Tiles>(acc_dq, sm, n, warpgroup);
     wgmma_commit_group();
-    issue_key_gradient<Element, Tiles>(acc_dk, ds_frag, sm.q(s, 0));
-    wgmma_commit_group();
-    wgmma_wait_group<1>();  // the dQ share
+    wgmma_wait_group<0>();
     fence_registers(acc_dq);
+    fence_registers(acc_dk);
+    fence_registers(acc_dv);
+    fence_registers(p_frag);
+    fence_registers(ds_frag);
+    // Every product that read Q and dO is done, and lse and D were read: the load warp may refill the
+    // stage (it waits only for the stages it loads again).
+    if (n + kStages < steps) stage_free_arrive(s);
     float* staging = sm.dq();
     dq_barrier_wait<kDqFreeBarrier>(warpgroup);
 #pragma unroll
@@ -203,12 +205,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
     hopper::fence_proxy_async_shared();  // the staging stores, before the copy engine reads them
     dq_barrier_arrive<kDqStagedBarrier>(warpgroup);
-    wgmma_wait_group<0>();  // dK
-    fence_registers(acc_dk);
-    fence_registers(ds_frag);
-    // Every product that read Q and dO is done, and lse and D were read: the load warp may refill the
-    // stage (it waits only for the stages it loads again).
-    if (n + kStages < steps) stage_free_arrive(s);
   };
 
   for (int n = 0; n < steps; ++n) {
