@@ -9,11 +9,11 @@
 //   1. S^T = K Q^T (K's first k-steps from registers) and dP^T = V dO^T on the tensor cores (two
 //      wgmma groups; P^T is computed while dP^T is still running);
 //   2. P^T and dS^T = P^T o (dP^T - D) in registers;
-//   3. dV += P^T dO and dK += dS^T Q, with P^T and dS^T as register A operands, while it writes
-//      dS^T to shared memory;
-//   4. after the two warpgroups meet, its 64 x 64 share of dQ = dS K, staged in shared memory; the
-//      dQ warp hands each warpgroup's share to the copy engine, which adds it to the fp32 accumulator
-//      in global memory (cp.reduce.async.bulk .add.f32).
+//   3. dV += P^T dO, with P^T as a register A operand, while it writes dS^T to shared memory;
+//   4. after the two warpgroups meet, its 64 x 64 share of dQ = dS K, then dK += dS^T Q (dS^T from
+//      registers); while dK runs, the share is staged in shared memory, and the dQ warp hands each
+//      warpgroup's share to the copy engine, which adds it to the fp32 accumulator in global memory
+//      (cp.reduce.async.bulk .add.f32).
 // With kDeterministic the adds to each query tile's accumulator happen in a fixed order (dq_add_rank):
 // the dQ warp waits for a counter per query tile to reach its block's place in that order before it
 // issues the block's two adds, and counts them once the copy engine has written them. dK and dV are summed in
@@ -175,28 +175,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t p_frag[kBlockRows / 16][4], ds_frag[kBlockRows / 16][4];
     to_a_fragments<Element, kBlockRows>(s_t, p_frag);
     to_a_fragments<Element, kBlockRows>(dp_t, ds_frag);
-    // 3. dV and dK; dS^T to shared memory meanwhile.
+    // 3. dV; dS^T to shared memory meanwhile.
     wgmma_fence();
     issue_key_gradient<Element, Tiles>(acc_dv, p_frag, sm.d_o(s, 0));
-    issue_key_gradient<Element, Tiles>(acc_dk, ds_frag, sm.q(s, 0));
     wgmma_commit_group();
     store_ds<Element, Tiles>(sm, n, ds_frag, at);
     hopper::fence_proxy_async_shared();  // the dS^T stores, before wgmma reads them
     hopper::named_barrier_sync<kDsWrittenBarrier, kConsumerThreads>();
-    // 4. The warpgroup's share of dQ, staged for the dQ warp.
+    // 4. The warpgroup's share of dQ, then dK behind it: the tensor cores run dK while the share is
+    // staged for the dQ warp. At Br = 64, dV done first (BackwardTiles::kDvBeforeDq).
+    if constexpr (Tiles::kDvBeforeDq) {
+      wgmma_wait_group<0>();
+      fence_registers(acc_dv);
+      fence_registers(p_frag);
+    }
     float acc_dq[kWgmmaM / 2];
     wgmma_fence();
     issue_dq_share<Element, Tiles>(acc_dq, sm, n, warpgroup);
     wgmma_commit_group();
-    wgmma_wait_group<0>();
+    issue_key_gradient<Element, Tiles>(acc_dk, ds_frag, sm.q(s, 0));
+    wgmma_commit_group();
+    wgmma_wait_group<1>();  // dV and the dQ share; dK may still run
     fence_registers(acc_dq);
-    fence_registers(acc_dk);
     fence_registers(acc_dv);
     fence_registers(p_frag);
-    fence_registers(ds_frag);
-    // Every product that read Q and dO is done, and lse and D were read: the load warp may refill the
-    // stage (it waits only for the stages it loads again).
-    if (n + kStages < steps) stage_free_arrive(s);
     float* staging = sm.dq();
     dq_barrier_wait<kDqFreeBarrier>(warpgroup);
 #pragma unroll
@@ -205,6 +207,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           make_float4(acc_dq[4 * j], acc_dq[4 * j + 1], acc_dq[4 * j + 2], acc_dq[4 * j + 3]);
     hopper::fence_proxy_async_shared();  // the staging stores, before the copy engine reads them
     dq_barrier_arrive<kDqStagedBarrier>(warpgroup);
+    wgmma_wait_group<0>();  // dK
+    fence_registers(acc_dk);
+    fence_registers(ds_frag);
+    // Every product that read Q and dO is done, and lse and D were read: the load warp may refill the
+    // stage (it waits only for the stages it loads again).
+    if (n + kStages < steps) stage_free_arrive(s);
   };
 
   for (int n = 0; n < steps; ++n) {

@@ -93,6 +93,11 @@ struct BackwardTiles {
   // instructions in each warp's queue to shared memory. At Br = 64 the 16 registers fit beside K's
   // fragments (ptxas spills one other register); the 32 of Br = 128 spill.
   static constexpr bool kLseAhead = kBlockRows == 64;
+  // dV waited for before dQ's share and dK are issued. At Br = 64, with dV still running beside them,
+  // its A operand and its 64 accumulators, dK's and the share's are more than ptxas keeps in flight:
+  // it serializes every wgmma of the kernel (C7512). At Br = 128 they fit, and the same wait made
+  // ptxas spill and the kernel slower (docs/experiments/stage14.md).
+  static constexpr bool kDvBeforeDq = kBlockRows == 64;
   // The warpgroup's share of dQ: which dS^T panel it reads (its A) and which K panel (its B).
   __device__ static int dq_ds_panel(int consumer) { return kDsPanels == 1 ? 0 : consumer; }
   __device__ static int dq_k_panel(int consumer) { return kPanels == 1 ? 0 : consumer; }
