@@ -3,7 +3,7 @@
 # base), where the power limit that moves back-to-back timings (lesson 14's power table) does not
 # reach: the library built with the stage's files from folder A, then from folder B (as
 # scripts/device/stage14_ab.sh), then two rounds of B, A, each one process that profiles every launch
-# of backward_kernel in scripts/profile/stage14_backward_cells.py (8 cells, 2 calls each). Prints, per
+# of backward_kernel in scripts/profile/stage14_backward_cells.py (12 cells, 2 calls each). Prints, per
 # cell, each version's kernel times (ns) and tensor-pipe activity, and B's median time over A's.
 # Usage: OUT=dir scripts/device/stage14_ab_ncu.sh A B
 set -uo pipefail

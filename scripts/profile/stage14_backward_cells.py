@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Stage 14's backward (flash_stages, bf16, default mode) on eight cells of the FlashAttention grid (B·N =
-16384, H·d = 2048): head_dim 128 at N 1024, 4096 and 16384, causal and not, and two head_dim 64 cells. Per
+"""Stage 14's backward (flash_stages, bf16, default mode) on twelve cells of the FlashAttention grid (B·N =
+16384, H·d = 2048): head_dim 128 and 64 at N 1024, 4096 and 16384, causal and not. Per
 cell, three unprofiled calls, then REPS calls each with the profiler started around it alone
 (cudaProfilerStart/Stop), so that Nsight Compute run with --profile-from-start off sees REPS launches of
 each cell's kernels, in the order of CELLS (scripts/device/stage14_ab_ncu.sh).
@@ -10,7 +10,7 @@ each cell's kernels, in the order of CELLS (scripts/device/stage14_ab_ncu.sh).
 import sys
 
 CELLS = [(128, 1024, 0), (128, 1024, 1), (128, 4096, 0), (128, 4096, 1), (128, 16384, 0), (128, 16384, 1),
-         (64, 4096, 0), (64, 16384, 1)]
+         (64, 1024, 0), (64, 1024, 1), (64, 4096, 0), (64, 4096, 1), (64, 16384, 0), (64, 16384, 1)]
 
 if __name__ == "__main__":
     import torch
