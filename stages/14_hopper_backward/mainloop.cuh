@@ -178,7 +178,6 @@ struct ProblemShape {
 };
 
 // The block's work: K/V tile `key_tile` of K/V head `kv_bh` (batch * heads_kv + head), against every
-  int q_tile_shift;
 // query head of its group and, per head, every query tile from first_q_tile on (causal: the earlier
 // tiles see none of the block's keys).
 struct BlockWork {
@@ -189,7 +188,7 @@ struct BlockWork {
   __device__ void step(int n, int& q_bh, int& q_tile) const {
     const int per_head = num_q_tiles - first_q_tile;
     q_bh = first_q_bh + n / per_head;
-    q_tile = first_q_tile + (n + q_tile_shift) % per_head;
+    q_tile = first_q_tile + n % per_head;
   }
 };
 
@@ -219,9 +218,6 @@ __device__ inline BlockWork block_work(const ProblemShape& p) {
   // is first seen by row first_key - (seq_kv - seq_q). Every key is seen by the last row.
   const int first_row = kCausal ? max(0, w.first_key - (p.seq_kv - p.seq_q)) : 0;
   w.first_q_tile = first_row / Tiles::kBlockRows;
-  w.q_tile_shift = !kCausal && !kDeterministic ? static_cast<int>(static_cast<long long>(w.key_tile) *
-                                                                    (w.num_q_tiles - w.first_q_tile) / w.num_key_tiles)
-                                               : 0;
   return w;
 }
 
