@@ -762,7 +762,9 @@ def stage14_backward_pipeline(step=540):
         f"({dq_threads} threads: the consumers arrive once the step's last product has read the stage, the load warp "
         "syncs before it loads the stage again).",
         f"bar {ds_bar} (bar.sync, {ds_threads} threads: both consumers): each dQ share reads the dSᵀ rows of both "
-        f"consumers ({bc} keys), so neither starts its share before both have written theirs.",
+        f"consumers ({bc} keys), so neither starts its share before both have written theirs. dK is issued behind "
+        "the share, so that the tensor cores run it while the share is staged (at head_dim 128 dV is waited for "
+        "first).",
         f"bar {free_bar} and bar {staged_bar} for consumer 0, bar {free_bar + 4} and bar {staged_bar + 4} for "
         f"consumer 1 ({pair_threads} threads each: the consumer and the dQ warp): dQ free (the consumer syncs, the "
         "dQ warp arrives) and dQ staged (the other way round): each consumer's part of the staging buffer passes "
@@ -774,7 +776,7 @@ def stage14_backward_pipeline(step=540):
         "n's for its dQ share.",
     ]
     wrapped = [line for note in notes for line in textwrap.wrap(note, 180)]
-    svg = Svg(width, bottom + 66 + 15 * len(wrapped), "Stage 14 backward pipeline")
+    svg = Svg(width, bottom + 90 + 15 * len(wrapped), "Stage 14 backward pipeline")
     svg.text(30, 26, f"Stage 14's main kernel: one block ({bc} keys of one K/V head), step after step; a step is "
                      "one query tile of one query head", 14, weight="bold")
     svg.text(30, 44, f"producer warpgroup ({group} threads, setmaxnreg {c['kProducerRegisters']}): in warp "
@@ -813,15 +815,17 @@ def stage14_backward_pipeline(step=540):
 
     wgmma, regs, smem, wait, issuing = PALETTE[0], PALETTE[1], PALETTE[2], "#e6e6e6", "#333333"
     tma, bulk, qdo, ds, staging = PALETTE[4], PALETTE[3], PALETTE[6], PALETTE[5], PALETTE[7]
-    release, ds_written, dq_free, dq_staged, loaded = 0.72, 0.545, 0.74, 0.95, 0.14
+    release, ds_written, dq_free, dq_staged, loaded = 0.82, 0.545, 0.67, 0.80, 0.14
+    reads, read_out = 0.82, 0.98  # the copy engine reading the shares out, at the dQ warp's command
     name = {-1: "n−1", 0: "n", 1: "n+1", 2: "n+2", 3: "n+3"}
     for n in (-1, 0, 1):  # the steps in the window, as offsets from step n
         for k in range(consumers):
             w, th = f"consumer {k}: its wgmma", f"consumer {k}: its threads"
             box(w, n + 0.02, n + 0.13, wgmma, "Sᵀ = K Qᵀ")
             box(w, n + 0.13, n + 0.27, wgmma, "dPᵀ = V dOᵀ")
-            box(w, n + 0.37, n + 0.62, wgmma, "dV += Pᵀ dO, dK += dSᵀ Q")
-            box(w, n + 0.62, n + release, wgmma, "dQ += dS K")
+            box(w, n + 0.37, n + 0.50, wgmma, "dV += Pᵀ dO")
+            box(w, n + 0.56, n + 0.67, wgmma, "dQ += dS K")
+            box(w, n + 0.67, n + release, wgmma, "dK += dSᵀ Q")
             box(th, n, n + 0.04, issuing)
             box(th, n + 0.04, n + 0.12, wait, "wait", text="#555")
             box(th, n + 0.12, n + 0.27, regs, "Pᵀ = exp2(…)")
@@ -829,8 +833,9 @@ def stage14_backward_pipeline(step=540):
             box(th, n + 0.36, n + 0.39, issuing)
             box(th, n + 0.39, n + 0.53, smem, "dSᵀ → shared")
             box(th, n + 0.55, n + 0.58, issuing)
-            box(th, n + 0.58, n + release, wait, "wait", text="#555")
-            box(th, n + 0.75, n + 0.93, smem, "dQ share → staging")
+            box(th, n + 0.58, n + dq_free, wait, "wait", text="#555")
+            box(th, n + dq_free, n + dq_staged - 0.01, smem, "dQ → staging")
+            box(th, n + dq_staged, n + release, wait)
         # Step n's stage (n mod 2) was loaded once step n-2 released it; step n releases it (stage free) once
         # its last product has read it, and the load warp loads step n+2's tiles into it.
         lane = "Q/dO stage s = n mod 2" if n % 2 == 0 else "Q/dO stage s' (the other)"
@@ -840,13 +845,14 @@ def stage14_backward_pipeline(step=540):
         box("load warp (TMA)", n + release, n + release + loaded, tma, f"TMA {name[n + 2]}")
         # dS^T: written by both consumers, read by both dQ shares, in the buffer of the step's parity.
         box("dSᵀ buffers (by step parity)", n + 0.39, n + 0.53, ds, f"{name[n]}: written", opacity=0.7, text="#222")
-        box("dSᵀ buffers (by step parity)", n + 0.62, n + release, ds, f"{name[n]}: read", opacity=0.95, text="#222")
+        box("dSᵀ buffers (by step parity)", n + 0.56, n + 0.67, ds, f"{name[n]}: read", opacity=0.95, text="#222")
         # dQ: staged by the consumers, read out by the copy engine at the dQ warp's command.
-        box("dQ staging (fp32)", n + 0.75, n + 0.93, staging, f"{name[n]}: shares written", opacity=0.8, text="#222")
-        box("dQ staging (fp32)", n + 0.96, n + 1.12, staging, "engine reads", opacity=0.45, text="#222")
-        box("dQ warp (lane 0)", n + 0.96, n + 0.99, issuing)
-        box("dQ warp (lane 0)", n + 0.99, n + 1.12, bulk, "bulk adds")
-        box("dQ warp (lane 0)", n + 0.14, n + dq_staged, wait, "wait for the next shares", text="#555")
+        box("dQ staging (fp32)", n + dq_free, n + dq_staged - 0.01, staging, f"{name[n]}: shares written", opacity=0.8,
+            text="#222")
+        box("dQ staging (fp32)", n + reads, n + read_out, staging, "engine reads", opacity=0.45, text="#222")
+        box("dQ warp (lane 0)", n + dq_staged, n + reads, issuing)
+        box("dQ warp (lane 0)", n + reads, n + read_out, bulk, "bulk adds")
+        box("dQ warp (lane 0)", n + read_out - 1 + 0.01, n + dq_staged, wait, "wait for the next shares", text="#555")
     # The named barriers: who meets whom.
     consumer_top = y["consumer 0: its wgmma"]
     last_threads = f"consumer {consumers - 1}: its threads"
@@ -856,12 +862,13 @@ def stage14_backward_pipeline(step=540):
                              (dq_staged, f"bars {staged_bar}, {staged_bar + 4}: dQ staged", "#080"),
                              (dq_staged - 1, f"bars {staged_bar}, {staged_bar + 4}: dQ staged", "#080")):
         if first <= t <= last:
-            svg.line(tx(t), consumer_top - 4, tx(t), dq_bottom + 4, colour, 1.4, dash="4,3")
-            svg.text(tx(t) + 3, dq_bottom + 14, label, 9, fill=colour, weight="bold")
+            below = 14 if t < ds_written else 14 + 12 * [ds_written, dq_free, dq_staged].index(t)  # apart, when close
+            svg.line(tx(t), consumer_top - 4, tx(t), dq_bottom + below - 10, colour, 1.4, dash="4,3")
+            svg.text(tx(t) + 3, dq_bottom + below, label, 9, fill=colour, weight="bold")
     svg.line(tx(release), y["Q/dO stage s = n mod 2"] + h["Q/dO stage s = n mod 2"], tx(release), consumer_top,
              "#555", 1, dash="2,2")
     svg.text(tx(release) - 3, consumer_top - 5, f"arrive bar {stage_free_bar} + s: stage free", 9, "end", fill="#555")
-    yl = bottom + 26
+    yl = bottom + 50
     legend = ((wgmma, "wgmma (tensor cores)"), (regs, "registers"), (smem, "stores to shared memory"),
               (issuing, "issuing"), (wait, "wait"), (tma, "TMA loads"),
               (bulk, "cp.reduce.async.bulk .add.f32"))

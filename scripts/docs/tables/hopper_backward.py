@@ -462,13 +462,14 @@ def stage14_timing_method_table():
 
 
 LOCKED_FILE = "h100_ncu_stage14_locked_clock_ab.txt"
+DQ_ORDER_FILE = "h100_ncu_stage14_locked_clock_dq_order.txt"
 
 
-def stage14_locked_clock_table():
-    """The runs of scripts/device/stage14_ab_ncu.sh (two versions of the main kernel under Nsight Compute at
-    locked clocks): per cell, each run's B median time over A's and the tensor pipe's activity of B and A."""
+def _locked_clock_runs(name):
+    """The runs of a file of scripts/device/stage14_ab_ncu.sh's output: per run, per cell (d, N, causal), B's
+    median time over A's and the tensor pipe's activity of B and A."""
     runs, run = {}, None
-    for line in (RESULTS / LOCKED_FILE).read_text().splitlines():
+    for line in (RESULTS / name).read_text().splitlines():
         m = re.match(r'## Run "([^"]+)"', line)
         if m:
             run = m[1]
@@ -476,18 +477,41 @@ def stage14_locked_clock_table():
         m = re.match(r"d(\d+) N(\d+) c(\d) \|.*\| B/A ([\d.]+) \| tensor % B ([\d.]+) A ([\d.]+)", line)
         if m and run:
             runs[run][(int(m[1]), int(m[2]), int(m[3]))] = (float(m[4]), float(m[5]), float(m[6]))
+    return runs
+
+
+def _locked_clock_table(name, runs_said):
+    """Per cell (every cell of any run: head_dim 128 first, then by N and mask), each run's B time / A time and
+    tensor pipe (B → A); a cell a run did not time reads "-"."""
+    runs = _locked_clock_runs(name)
     names = list(runs)
+    cells = sorted({cell for r in names for cell in runs[r]}, key=lambda c: (-c[0], c[1], c[2]))
     lines = ["| d | N | causal | " + " | ".join(f"{n}: B time / A time | {n}: tensor pipe % (B → A)" for n in names)
              + " |", "|---|---|---|" + "---|---|" * len(names)]
-    for cell in runs[names[0]]:
+    for cell in cells:
         d, n, causal = cell
-        cols = [f"{runs[r][cell][0]:.3f}x | {runs[r][cell][1]:.1f} → {runs[r][cell][2]:.1f}" for r in names]
+        cols = [f"{runs[r][cell][0]:.3f}x | {runs[r][cell][1]:.1f} → {runs[r][cell][2]:.1f}" if cell in runs[r]
+                else "- | -" for r in names]
         lines.append(f"| {d} | {n} | {'yes' if causal else 'no'} | " + " | ".join(cols) + " |")
     lines.append("")
     lines.append("Stage 14's main kernel under Nsight Compute with the clocks locked at base (`ncu --clock-control "
                  "base`), bf16, default mode, B·N = 16384, H·d = 2048, NVIDIA H100 80GB HBM3: the median of four "
                  "launches of each version (two rounds, the two versions in turn), B's time over A's (above 1: A is "
-                 "faster). lse-ahead: B the stage at 8e2dc1a, A the lse read before the products (c7a770f); "
-                 "ds-stores-first: B that stage, A with $dS^\\top$ stored before $dV$ and $dK$ are issued (7196da9). "
-                 f"From `bench/results/{LOCKED_FILE}` (`scripts/device/stage14_ab_ncu.sh`).")
+                 f"faster). {runs_said} From `bench/results/{name}` (`scripts/device/stage14_ab_ncu.sh`).")
     return "\n".join(lines)
+
+
+def stage14_locked_clock_table():
+    """The lse read ahead and the dS^T stores first, at locked clocks."""
+    return _locked_clock_table(LOCKED_FILE, "lse-ahead: B the stage at 8e2dc1a, A the lse read before the products "
+                               "(c7a770f); ds-stores-first: B that stage, A with $dS^\\top$ stored before $dV$ and "
+                               "$dK$ are issued (7196da9).")
+
+
+def stage14_dq_order_table():
+    """The order of dK and dQ's share, at locked clocks."""
+    return _locked_clock_table(DQ_ORDER_FILE, "B in every run: the stage at c7a770f. dq-before-dk: A issues dQ's "
+                               "share before dK and stages it while dK runs, at every head_dim (f779061); "
+                               "dv-waited: that order with dV waited for first, at every head_dim (dd0cd22); "
+                               "kept: dV waited for at head_dim 128 only (2965763); q-tile-rotation: each block of "
+                               "the unmasked default mode starts at its own query tile (da4b986).")
