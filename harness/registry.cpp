@@ -79,7 +79,7 @@ decltype(stage13::forward_workspace_size) forward_workspace_size;
 decltype(stage13::forward_paged) forward_paged;
 decltype(stage13::forward_paged_workspace_size) forward_paged_workspace_size;
 }  // namespace exercise13
-namespace exercise14 {  // the backward only: exercise 14's forward is stage 12's, as stage 14's is
+namespace exercise14 {  // the backward only: exercise 14's forward is stage 14's (stage 12's, or 10's at 32)
 decltype(stage14::backward) backward;
 decltype(stage14::backward_workspace_size) backward_workspace_size;
 decltype(stage14::check_gpu) check_gpu;
@@ -123,6 +123,22 @@ flash::Status fp32_backward(const void* q, const void* k, const void* v, const v
                    static_cast<const float*>(o), lse, static_cast<const float*>(d_o), static_cast<float*>(dq),
                    static_cast<float*>(dk), static_cast<float*>(dv), batch, heads_q, heads_kv, seq_q, seq_kv, head_dim,
                    scale, causal, workspace, workspace_bytes, stream);
+}
+
+// Stage 14's forward: stage 12's at the head_dims it takes (64, 128), and stage 10's at 32, which
+// stage 12 does not take; both write the lse that stage 14 reads.
+flash::Status hopper_backward_forward(const void* q, const void* k, const void* v, void* o, float* lse, int batch,
+                                      int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim, float scale,
+                                      bool causal, DType dtype, void* workspace, size_t workspace_bytes,
+                                      cudaStream_t stream) {
+  const auto forward = head_dim == 32 ? stage10::forward : stage12::forward;
+  return forward(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale, causal, dtype, workspace,
+                 workspace_bytes, stream);
+}
+size_t hopper_backward_forward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv,
+                                              int head_dim) {
+  const auto size = head_dim == 32 ? stage10::forward_workspace_size : stage12::forward_workspace_size;
+  return size(batch, heads_q, heads_kv, seq_q, seq_kv, head_dim);
 }
 
 }  // namespace
@@ -170,12 +186,13 @@ const std::vector<Stage>& stages() {
          "split-KV decoding: a few new queries against a long (and paged) KV cache, split across blocks, merged "
          "as in 03",
          true, {DType::kBf16, DType::kFp16}, {64, 128}, stage13::forward, stage13::forward_workspace_size},
-        // Stage 14 is a backward only, as stage 11 is: its forward is stage 12's.
+        // Stage 14 is a backward only, as stage 11 is: its forward is stage 12's (stage 10's at head_dim
+        // 32, which stage 12 does not take: hopper_backward_forward).
         {14, "14_hopper_backward", "hopper backward",
          "the backward on Hopper: K/V tiles resident, Q and dO streamed by TMA, S^T and dP^T by wgmma, dV and dK "
          "from registers, dQ added by the copy engine",
-         true, {DType::kBf16, DType::kFp16}, {64, 128}, stage12::forward, stage12::forward_workspace_size,
-         stage14::backward, stage14::backward_workspace_size},
+         true, {DType::kBf16, DType::kFp16}, {32, 64, 128}, hopper_backward_forward,
+         hopper_backward_forward_workspace_size, stage14::backward, stage14::backward_workspace_size},
     };
     // The stages that choose their tiles from the GPU's shared memory per block.
     list[3].forward_tiles = stage04::forward_tiles;
@@ -271,7 +288,7 @@ const std::vector<Stage>& exercises() {
                             "exercises/13_decoding/decoding_kernel.cuh"));
     list.back().forward_paged = exercise13::forward_paged;
     list.back().forward_paged_workspace_size = exercise13::forward_paged_workspace_size;
-    list.push_back(exercise(14, stage12::forward, stage12::forward_workspace_size,
+    list.push_back(exercise(14, hopper_backward_forward, hopper_backward_forward_workspace_size,
                             "exercises/14_hopper_backward/mainloop.cuh"));
     list.back().backward = exercise14::backward;
     list.back().backward_workspace_size = exercise14::backward_workspace_size;

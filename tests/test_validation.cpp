@@ -512,37 +512,42 @@ TEST(stage12_hopper, GpuCheckNeverSucceedsWithoutHopper) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Stage 14 (the Hopper backward): stage 12's forward, its own head_dims and workspace
+// Stage 14 (the Hopper backward): stage 12's forward (stage 10's at head_dim 32), its own head_dims
+// and workspace
 // ---------------------------------------------------------------------------------------------
 
 TEST(stage14_hopper_backward, RegistryEntry) {
   const registry::Stage* s = registry::find(14);
   ASSERT_NE(s, nullptr);
   EXPECT_STREQ(s->folder, "14_hopper_backward");
-  EXPECT_EQ(s->head_dims, (std::vector<int>{64, 128}));
+  EXPECT_EQ(s->head_dims, (std::vector<int>{32, 64, 128}));
   EXPECT_EQ(s->dtypes, (std::vector<flash::DType>{flash::DType::kBf16, flash::DType::kFp16}));
   EXPECT_TRUE(s->causal);
-  EXPECT_EQ(s->forward, registry::find(12)->forward) << "stage 14's forward is stage 12's";
+  EXPECT_NE(s->forward, nullptr);
+  EXPECT_EQ(s->forward_workspace_size(1, 1, 1, 3, 5, 64), registry::find(12)->forward_workspace_size(1, 1, 1, 3, 5, 64));
+  EXPECT_EQ(s->forward_workspace_size(1, 1, 1, 3, 5, 32), registry::find(10)->forward_workspace_size(1, 1, 1, 3, 5, 32));
   EXPECT_NE(s->backward, nullptr);
   EXPECT_TRUE(s->backward_atomic);
   EXPECT_EQ(s->min_compute_capability, 90);
   EXPECT_EQ(s->max_compute_capability, 90);
   EXPECT_NE(s->check_gpu, nullptr);
   // The workspace: per query row (seq_q rounded up to 128 per head) the base-2 lse, D and head_dim
-  // floats of the dQ accumulator, then one counter per 64 rows.
+  // floats of the dQ accumulator (64 at head_dim 32, whose tiles are head_dim 64's), then one counter
+  // per 64 rows.
   EXPECT_EQ(s->backward_workspace_size(1, 1, 1, 3, 5, 64), 128u * (2u + 64u) * sizeof(float) + 2u * sizeof(int));
+  EXPECT_EQ(s->backward_workspace_size(1, 1, 1, 3, 5, 32), 128u * (2u + 64u) * sizeof(float) + 2u * sizeof(int));
   EXPECT_EQ(s->backward_workspace_size(2, 8, 2, 1000, 7, 128),
             16u * 1024u * (2u + 128u) * sizeof(float) + 16u * 16u * sizeof(int));
 }
 
-TEST(stage14_hopper_backward, RefusesHeadDim32ByName) {
+TEST(stage14_hopper_backward, RefusesHeadDim48ByName) {
   const registry::Stage& s = *registry::find(14);
-  for (int d : {32, 48}) {
+  for (int d : {16, 48, 96}) {
     BackwardCall c(s);
     c.head_dim = d;
     c.backward_workspace_bytes = s.backward_workspace_size(c.batch, c.heads_q, c.heads_kv, c.seq_q, c.seq_kv, d);
     expect_refused([&] { return c.run(s); }, flash::StatusCode::kHeadDimNotSupported,
-                   "head_dim = " + std::to_string(d) + " (supported: 64, 128)");
+                   "head_dim = " + std::to_string(d) + " (supported: 32, 64, 128)");
   }
 }
 

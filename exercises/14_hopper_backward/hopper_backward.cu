@@ -28,6 +28,9 @@ constexpr int kRowPadding = 128;
 // The deterministic mode's counters: one per query tile of the smaller Br.
 constexpr int kCounterRows = 64;
 
+// The dQ accumulator's floats per row: the tiles' head_dim (BackwardTiles: 64 at head_dim 32).
+long long accum_columns(int head_dim) { return head_dim < 64 ? 64 : head_dim; }
+
 long long padded_rows_per_head(int seq_q) {
   return (static_cast<long long>(seq_q) + kRowPadding - 1) / kRowPadding * kRowPadding;
 }
@@ -38,7 +41,6 @@ flash::Status check_args(const void* q, const void* k, const void* v, const void
                          size_t workspace_bytes) {
   flash::Status status =
       flash::check_forward_args(q, k, v, o, lse, batch, heads_q, heads_kv, seq_q, seq_kv, head_dim, scale);
-  if (status.code == flash::StatusCode::kHeadDimNotSupported) status = flash::with_detail(status, "64, 128");
   if (!status.ok()) return status;
   const struct {
     const void* ptr;
@@ -48,9 +50,6 @@ flash::Status check_args(const void* q, const void* k, const void* v, const void
     if (!g.ptr) return flash::make_status(flash::StatusCode::kNullPointer, g.name, 0);
     if (!flash::aligned(g.ptr)) return flash::make_status(flash::StatusCode::kMisalignedPointer, g.name, 0);
   }
-  if (head_dim != 64 && head_dim != 128)
-    return flash::with_detail(flash::make_status(flash::StatusCode::kHeadDimNotSupported, "head_dim", head_dim),
-                              "64, 128");
   status = flash::check_half_dtype(dtype);
   if (status.ok())
     status = flash::check_workspace(workspace, workspace_bytes,
@@ -64,8 +63,8 @@ flash::Status check_args(const void* q, const void* k, const void* v, const void
 
 constexpr int kStepThreads = 256;  // prepare_kernel and convert_dq_kernel
 
-// The workspace, in order: lse2 and D (padded rows each), the dQ accumulator (padded rows x head_dim
-// floats), the counters. Every part starts 16-byte aligned: padded rows are a multiple of 128.
+// The workspace, in order: lse2 and D (padded rows each), the dQ accumulator (padded rows x
+// accum_columns floats), the counters. Every part starts 16-byte aligned: padded rows are a multiple of 128.
 struct Workspace {
   float* lse2;
   float* d;
@@ -81,7 +80,7 @@ Workspace carve(void* base, int batch, int heads_q, int seq_q, int head_dim) {
   w.lse2 = static_cast<float*>(base);
   w.d = w.lse2 + w.padded_rows;
   w.dq_accum = w.d + w.padded_rows;
-  w.counters = reinterpret_cast<int*>(w.dq_accum + w.padded_rows * head_dim);
+  w.counters = reinterpret_cast<int*>(w.dq_accum + w.padded_rows * accum_columns(head_dim));
   return w;
 }
 
@@ -165,7 +164,7 @@ flash::Status launch(const Launch& a) {
                              : launch_main<Element, kHeadDim, false, false>(a, ws);
   if (!status.ok()) return status;
   // 3. dQ.
-  const long long float4s = ws.padded_rows * kHeadDim / 4;
+  const long long float4s = ws.padded_rows * BackwardTiles<kHeadDim>::kHeadDim / 4;
   convert_dq_kernel<Element, kHeadDim>
       <<<static_cast<unsigned>((float4s + kStepThreads - 1) / kStepThreads), kStepThreads, 0, a.stream>>>(
           ws.dq_accum, static_cast<Element*>(a.dq), float4s, a.seq_q, padded_seq_q, a.scale);
@@ -179,12 +178,13 @@ flash::Status launch(const Launch& a) {
 size_t backward_workspace_size(int batch, int heads_q, int /*heads_kv*/, int seq_q, int /*seq_kv*/, int head_dim) {
   if (batch < 1 || heads_q < 1 || seq_q < 1 || head_dim < 1) return 0;
   const long long rows = static_cast<long long>(batch) * heads_q * padded_rows_per_head(seq_q);
-  return static_cast<size_t>(rows) * (2 + head_dim) * sizeof(float) +
+  return static_cast<size_t>(rows) * (2 + accum_columns(head_dim)) * sizeof(float) +
          static_cast<size_t>(rows / kCounterRows) * sizeof(int);
 }
 
 size_t backward_shared_bytes(int head_dim) {
 #if defined(FLASH_STAGE14_SM90A)
+  if (head_dim == 32) return SharedLayout<BackwardTiles<32>>::kDynamicBytes;
   if (head_dim == 64) return SharedLayout<BackwardTiles<64>>::kDynamicBytes;
   if (head_dim == 128) return SharedLayout<BackwardTiles<128>>::kDynamicBytes;
 #else
@@ -220,8 +220,11 @@ flash::Status backward(const void* q, const void* k, const void* v, const void* 
 #if defined(FLASH_STAGE14_SM90A)
   const Launch a{q,       k,        v,     o,      lse,   d_o,    dq,            dk,    dv,        batch,
                  heads_q, heads_kv, seq_q, seq_kv, scale, causal, deterministic, dtype, workspace, stream};
-  if (dtype == flash::DType::kFp16)
+  if (dtype == flash::DType::kFp16) {
+    if (head_dim == 32) return launch<__half, 32>(a);
     return head_dim == 64 ? launch<__half, 64>(a) : launch<__half, 128>(a);
+  }
+  if (head_dim == 32) return launch<__nv_bfloat16, 32>(a);
   return head_dim == 64 ? launch<__nv_bfloat16, 64>(a) : launch<__nv_bfloat16, 128>(a);
 #else
   (void)causal, (void)deterministic, (void)stream;

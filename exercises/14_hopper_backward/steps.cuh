@@ -14,13 +14,16 @@ namespace stage14 {
 constexpr int kVecElems = 8;  // 16-bit elements per 16-byte vector
 
 // One row per kHeadDim / 8 threads: each loads 8 elements of dO and of O (16 bytes each), and the
-// row's lanes sum their products by shuffles. The same threads zero the accumulator, 8 floats each
-// (rows x head_dim floats: one thread per 8), and the first ones the counters.
+// row's lanes sum their products by shuffles. The same threads zero the accumulator (rows x the
+// tiles' head_dim floats, BackwardTiles: 8 floats a thread, 16 at head_dim 32), and the first ones the
+// counters.
 template <typename Element, int kHeadDim>
 __global__ void prepare_kernel(const Element* d_o, const Element* o, const float* lse, float* lse2, float* d,
                                float* dq_accum, int* dq_counters, long long num_counters, int seq_q, int padded_seq_q,
                                long long padded_rows) {
   constexpr int kLanesPerRow = kHeadDim / kVecElems;
+  constexpr int kAccumCols = BackwardTiles<kHeadDim>::kHeadDim;
+  constexpr int kZeroFloat4s = kAccumCols / kLanesPerRow / 4;
   const long long thread = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long padded_row = thread / kLanesPerRow;
   const int c = static_cast<int>(thread % kLanesPerRow) * kVecElems;
@@ -50,9 +53,9 @@ __global__ void prepare_kernel(const Element* d_o, const Element* o, const float
       lse2[padded_row] = l2;
       d[padded_row] = sum;
     }
-    float4* zero = reinterpret_cast<float4*>(dq_accum + padded_row * kHeadDim + c);
-    zero[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    zero[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4* zero = reinterpret_cast<float4*>(dq_accum + padded_row * kAccumCols + c * (kAccumCols / kHeadDim));
+#pragma unroll
+    for (int z = 0; z < kZeroFloat4s; ++z) zero[z] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
   if (thread < num_counters) dq_counters[thread] = 0;
 }
@@ -60,12 +63,14 @@ __global__ void prepare_kernel(const Element* d_o, const Element* o, const float
 // One thread per float4 of the accumulator, which holds warpgroup c's accumulators 4j .. 4j + 3 of
 // thread th (dq_share_offset): 8-column block j of its rows g and g + 8 (g = lane / 4, warp w, rows
 // 16w + g in the warpgroup's share), columns 8j + 2t, + 1 (t = lane % 4). The share is rows 0-63 x
-// columns 64c on at head_dim 128 (Br = 64), rows 64c on x all 64 columns at head_dim 64 (Br = 128).
+// columns 64c on at head_dim 128 (Br = 64), rows 64c on x all 64 columns at head_dim 64 (Br = 128)
+// and 32 (whose zero columns 32-63 are not written).
 template <typename Element, int kHeadDim>
 __global__ void convert_dq_kernel(const float* dq_accum, Element* dq, long long float4s, int seq_q,
                                   int padded_seq_q, float scale) {
-  constexpr int kBlockRows = BackwardTiles<kHeadDim>::kBlockRows;
-  constexpr int kTileFloats = kBlockRows * kHeadDim;
+  using Tiles = BackwardTiles<kHeadDim>;
+  constexpr int kBlockRows = Tiles::kBlockRows;
+  constexpr int kTileFloats = kBlockRows * Tiles::kHeadDim;
   const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (index >= float4s) return;
   const float4 x = reinterpret_cast<const float4*>(dq_accum)[index];
@@ -81,8 +86,9 @@ __global__ void convert_dq_kernel(const float* dq_accum, Element* dq, long long 
   const int tiles_per_head = padded_seq_q / kBlockRows;
   const long long q_bh = tile / tiles_per_head;
   const int first_row = static_cast<int>(tile % tiles_per_head) * kBlockRows;
-  const int row = first_row + (kHeadDim == 128 ? share_row : consumer * kWgmmaM + share_row);
-  const int dim = kHeadDim == 128 ? consumer * kWgmmaM + col : col;
+  const int row = first_row + (Tiles::kHeadDim == 128 ? share_row : consumer * kWgmmaM + share_row);
+  const int dim = Tiles::kHeadDim == 128 ? consumer * kWgmmaM + col : col;
+  if (dim >= kHeadDim) return;
   const float pair[2][2] = {{x.x, x.y}, {x.z, x.w}};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

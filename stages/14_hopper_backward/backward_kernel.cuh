@@ -100,7 +100,8 @@ __device__ void add_dq_shares(float* staging, const BlockWork& work, const Probl
 }
 
 // q_map, k_map, v_map, do_map: 3-D tensor maps (head_dim, sequence, batch x heads) over q, k, v, d_o
-// with boxes of (64, Br or 128, 1), 128-byte swizzle. lse2, d, dq_accum, dq_counters: the workspace
+// with boxes of (64, Br or 128, 1), 128-byte swizzle (at head_dim 32 a box row is wider than a tensor
+// row: BackwardTiles). lse2, d, dq_accum, dq_counters: the workspace
 // that steps.cuh's first kernel filled (the base-2 lse and D per row, the zeroed accumulator and
 // counters). dk, dv: [batch, heads_kv, seq_kv, head_dim].
 template <typename Element, int kHeadDim, bool kCausal, bool kDeterministic>
@@ -132,8 +133,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   hopper::setmaxnreg_inc<kConsumerRegisters>();
   const int thread = threadIdx.x % kWarpgroupThreads;
   const FragmentPlace at(warpgroup, thread);
-  float acc_dk[kHeadDim / 2] = {};
-  float acc_dv[kHeadDim / 2] = {};
+  float acc_dk[Tiles::kHeadDim / 2] = {};
+  float acc_dv[Tiles::kHeadDim / 2] = {};
   mbarrier_wait(sm.kv_full(), 0);
   // The first k-steps of the warpgroup's K, as S^T's A operand for the whole block (BackwardTiles).
   uint32_t k_frag[Tiles::kKeyFragments][4];
@@ -224,7 +225,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       step(n, Unmasked{});
   }
 
-  // dK = scale * sum dS^T Q and dV, rounded to Element; rows past seq_kv are not written.
+  // dK = scale * sum dS^T Q and dV, rounded to Element; rows past seq_kv are not written, nor the
+  // tiles' zero columns at head_dim 32 (kHeadDim here is the tensors').
   const long long kv_row0 = static_cast<long long>(work.kv_bh) * problem.seq_kv;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

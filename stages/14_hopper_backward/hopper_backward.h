@@ -11,7 +11,7 @@
 // Tensors are contiguous on the device, q, k, v, o, d_o, dq, dk, dv in `dtype` (fp16 or bf16):
 // q, o, d_o, dq [batch, heads_q, seq_q, head_dim]; k, v, dk, dv [batch, heads_kv, seq_kv, head_dim];
 // lse [batch, heads_q, seq_q] in fp32. With GQA, dK and dV of a shared K/V head sum over its query
-// heads. head_dim 64 or 128. Needs compute capability 9.0 exactly and a build that includes sm_90a
+// heads. head_dim 32, 64 or 128 (32 on head_dim 64's tiles, mainloop.cuh's BackwardTiles). Needs compute capability 9.0 exactly and a build that includes sm_90a
 // code (CMAKE_CUDA_ARCHITECTURES with 90).
 #pragma once
 
@@ -22,7 +22,7 @@
 namespace stage14 {
 
 // The workspace one backward call needs, in bytes: per query row (seq_q rounded up to 128 per head),
-// its base-2 lse and D (4 bytes each) and the fp32 dQ accumulator (head_dim floats), then one counter
+// its base-2 lse and D (4 bytes each) and the fp32 dQ accumulator (head_dim floats, 64 at head_dim 32), then one counter
 // per query tile of 64 rows for the deterministic mode. O(N): about batch * heads_q * seq_q *
 // (head_dim + 2) * 4 bytes. 0 for sizes < 1.
 size_t backward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);

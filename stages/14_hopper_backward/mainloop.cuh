@@ -78,9 +78,15 @@ constexpr int kWarpgroupAndWarp = kWarpgroupThreads + 32;  // one consumer warpg
 // 199720 bytes of the H100's 232448 per block, alignment slack included.
 // dQ's share is 64 x 64 per warpgroup: at head_dim 128, Br = 64 queries by half of head_dim each (the
 // warpgroup's panel of K); at head_dim 64, half of the 128 queries each by all of head_dim.
-template <int kHeadDim_>
+// head_dim 32 runs on head_dim 64's tiles, as FlashAttention-3 runs every head_dim up to 64 (its
+// round_up_headdim): the tensor maps know the tensors' 32 columns, so the copy engine fills the other
+// 32 of each 64-column box row with zeros. S^T and dP^T come out the same; dV, dK and dQ come out
+// with 32 zero columns, which are not written. It costs twice the products of a kernel of 32 columns,
+// and needs none of its own.
+template <int kTensorHeadDim_>
 struct BackwardTiles {
-  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kTensorHeadDim = kTensorHeadDim_;  // the columns of q, k, v, d_o and the gradients
+  static constexpr int kHeadDim = kTensorHeadDim < kPanelCols ? kPanelCols : kTensorHeadDim;  // the tiles'
   static constexpr int kBlockRows = kHeadDim == 64 ? 128 : 64;  // Br
   static constexpr int kPanels = kHeadDim / kPanelCols;         // 64-column panels of Q, K, V, dO
   static constexpr int kDsPanels = kBlockRows / kPanelCols;     // 64-query panels of dS^T
@@ -101,7 +107,8 @@ struct BackwardTiles {
   // The warpgroup's share of dQ: which dS^T panel it reads (its A) and which K panel (its B).
   __device__ static int dq_ds_panel(int consumer) { return kDsPanels == 1 ? 0 : consumer; }
   __device__ static int dq_k_panel(int consumer) { return kPanels == 1 ? 0 : consumer; }
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 64 or 128");
+  static_assert(kTensorHeadDim == 32 || kHeadDim == kTensorHeadDim, "head_dim 32 alone runs on wider tiles");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "head_dim 32, 64 or 128");
   static_assert(kBlockRows * kHeadDim == kConsumers * kWgmmaM * kWgmmaM, "dQ: one 64 x 64 share per warpgroup");
 };
 
