@@ -19,7 +19,8 @@ Three checks, each printing what fails it:
             written by scripts/profile/sass_unchanged.sh, compares the kernels of some .cu files
             compiled at a commit BASE and at a commit H. A result stays fresh when the code under P is
             unchanged from C to BASE, every file under P that changes from BASE to H is included by a
-            compiled file whose kernels are all identical (the record's "all identical", H committed),
+            compiled file whose kernels are all identical (the record's "all identical", H committed;
+            a kernel only H has, a new template instance, is not one that C measured),
             and the code under P is unchanged from H to HEAD; records chain, H to the next one's BASE.
             The record covers device code only: a host-side change in its span (a launch's grid, a
             benchmark's constants) is for the reader of its diff to judge. Without git history (a

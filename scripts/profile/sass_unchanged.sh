@@ -9,7 +9,8 @@
 #
 # Prints, per FILE: the repository files it includes (at BASE and in the tree together: the files whose
 # change the comparison covers), then per kernel its mangled name, the instruction count at BASE and in
-# the tree, and identical or differs; last, "all identical" or how many kernels differ. Exit 1 if any
+# the tree, and identical, differs, or new (a kernel only the tree has, such as a new template instance:
+# nothing measured at BASE ran it); last, "all identical" or how many kernels differ. Exit 1 if any
 # differs, 2 if a tool is missing or a file does not compile. Host code is not compared: cuobjdump sees
 # only the device code.
 #
@@ -138,19 +139,24 @@ for path in sys.argv[1:]:
         kernels[name].append(instruction)
     streams.append(kernels)
 base, tree = streams
-differ = 0
+differ = new = 0
 for name in sorted(set(base) | set(tree)):
     same = name in base and name in tree and base[name] == tree[name]
-    differ += not same
-    print(f"  {name} {len(base.get(name, []))} {len(tree.get(name, []))} {'identical' if same else 'differs'}")
-print(f"= {len(set(base) | set(tree))} {differ}")
+    added = name not in base  # a new instance: nothing measured at BASE ran it
+    differ += not same and not added
+    new += added
+    verdict = "new" if added else "identical" if same else "differs"
+    print(f"  {name} {len(base.get(name, []))} {len(tree.get(name, []))} {verdict}")
+print(f"= {len(set(base) | set(tree))} {differ} {new}")
 EOF
 )
   echo "$result" | grep -v '^= '
-  read -r _ count bad <<< "$(echo "$result" | grep '^= ')"
+  read -r _ count bad added <<< "$(echo "$result" | grep '^= ')"
   kernels=$((kernels + count))
   differ=$((differ + bad))
-  if [ "$bad" -eq 0 ]; then
+  if [ "$bad" -eq 0 ] && [ "$added" -gt 0 ]; then
+    echo "  $file: identical ($((count - added)) kernels at base; $added new in the tree)"
+  elif [ "$bad" -eq 0 ]; then
     echo "  $file: identical ($count kernels)"
   else
     echo "  $file: $bad of $count kernels differ"
