@@ -23,8 +23,12 @@ def main():
     import flash_stages
 
     backends = {"sdpa-cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa-flash": SDPBackend.FLASH_ATTENTION}
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: {__doc__.splitlines()[0]}")
-    print("# d N causal | impl: median ms, TFLOP/s | ...")
+    print("# Stage 14's backward at head_dim 32 (on head_dim 64's tiles) beside stage 11, cuDNN's and "
+          "FlashAttention-2's\n# (SDPA pinned to its cuDNN and flash backends), and stage 14 at head_dim 64 on the "
+          f"same tokens: bf16,\n# B*N = {TOKENS}, H*d = {HIDDEN}, each backward alone, {ROUNDS} interleaved rounds "
+          f"of {CALLS} calls, median\n# (scripts/device/head_dim32_backward.py, whose docstring says how). Per line: "
+          "head_dim of the cell, N, causal;\n# then per implementation \"dD name: median ms, TFLOP/s\" "
+          f"(FlashAttention convention).\n# {torch.cuda.get_device_name()}, torch {torch.__version__}.")
     for n in (4096, 16384):
         for causal in (False, True):
             row = {}

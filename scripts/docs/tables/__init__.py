@@ -16,7 +16,8 @@ from .course import course_table, runner_table, stage_table
 from .decoding import (decode_bench_table, decode_compare_table, decode_splits_table, load_decode_bench)
 from .fp32_stages import (ABLATION, ablation_table, backward_split_table, ncu_kernels_table, ncu_path, ncu_table,
                           ptxas_backward_table, stage06_order_table)
-from .hopper_backward import (ncu_stage14_table, stage14_compare_table, stage14_dq_order_table, stage14_locked_clock_table,
+from .hopper_backward import (ncu_stage14_table, stage14_compare_table, stage14_dq_order_table, stage14_head_dim32_table,
+                              stage14_locked_clock_table,
                               stage14_power_table,
                               stage14_standing, stage14_timing_method_table, stage14_variants_table)
 from .hopper import (ncu_stage12_table, stage12_after_b_table, stage12_compare_table, stage12_steps_table,
@@ -49,7 +50,8 @@ def tables():
            "ncu-stage14": ncu_stage14_table(), "stage14-variants": stage14_variants_table(),
            "stage14-power": stage14_power_table(), "stage14-timing-method": stage14_timing_method_table(),
            "stage14-locked-clock": stage14_locked_clock_table(),
-           "stage14-dq-order": stage14_dq_order_table()}
+           "stage14-dq-order": stage14_dq_order_table(),
+           "stage14-head-dim32": stage14_head_dim32_table()}
     if all((RESULTS / f"h100_ncu_stage11_d{d}{s}.csv").exists() for d in (64, 128) for s in ("", "_tensor")):
         out["ncu-stage11"] = ncu_stage_table(11)
     else:

@@ -515,3 +515,33 @@ def stage14_dq_order_table():
                                "dv-waited: that order with dV waited for first, at every head_dim (dd0cd22); "
                                "kept: dV waited for at head_dim 128 only (2965763); q-tile-rotation: each block of "
                                "the unmasked default mode starts at its own query tile (da4b986).")
+
+
+HEAD_DIM32_FILE = "h100_backward_head_dim32.txt"
+
+
+def stage14_head_dim32_table():
+    """Stage 14 at head_dim 32 (head_dim 64's tiles) beside stage 11, cuDNN and FlashAttention-2, and beside
+    itself at head_dim 64 on the same tokens (scripts/device/head_dim32_backward.py)."""
+    lines = ["| N | causal | stage 14 TFLOP/s | × stage 11 | × cuDNN | × FA2 | stage 14 at head_dim 64, TFLOP/s | "
+             "head_dim 32's time / head_dim 64's |", "|---|---|---|---|---|---|---|---|"]
+    for line in (RESULTS / HEAD_DIM32_FILE).read_text().splitlines():
+        m = re.match(r"32 (\d+) (\d) \| (.*)", line)
+        if not m:
+            continue
+        ms = {k: float(v) for k, v in re.findall(r"(d\d+ [\w-]+): ([\d.]+) ms", m[3])}
+        tflops = dict(re.findall(r"(d\d+ [\w-]+): [\d.]+ ms, ([\d.]+) TFLOP/s", m[3]))
+        own = ms["d32 stage14"]
+        lines.append(f"| {m[1]} | {'yes' if m[2] == '1' else 'no'} | {float(tflops['d32 stage14']):.0f} | "
+                     f"{ms['d32 stage11'] / own:.2f}x | {ms['d32 sdpa-cudnn'] / own:.2f}x | "
+                     f"{ms['d32 sdpa-flash'] / own:.2f}x | {float(tflops['d64 stage14']):.0f} | "
+                     f"{own / ms['d64 stage14']:.2f} |")
+    lines.append("")
+    lines.append("Stage 14's backward at head_dim 32, on head_dim 64's tiles, bf16, B·N = 16384, H·d = 2048 (64 heads "
+                 "at head_dim 32), NVIDIA H100 80GB HBM3: the median of 20 calls of each implementation's backward "
+                 "alone, in four interleaved rounds; × X: X's time over stage 14's (cuDNN and FA2: SDPA pinned to "
+                 "its cuDNN and flash backends). The last two columns: stage 14 at head_dim 64 on the same tokens (32 "
+                 "heads), which does the same products per head as head_dim 32 does here, on half the heads. TFLOP/s "
+                 f"by the FlashAttention convention. From `bench/results/{HEAD_DIM32_FILE}` "
+                 "(`scripts/device/head_dim32_backward.py`).")
+    return "\n".join(lines)
