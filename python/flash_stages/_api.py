@@ -520,7 +520,8 @@ def default_stage(dtype, head_dim, causal, seq_q=None, device=None):
     latest that supports its forward. seq_q (the query rows per head), when given, leaves out a stage
     that takes fewer (the decoding stage takes 16). Stages that run on one GPU architecture only (12,
     14) are candidates only where device (a CUDA device index or torch.device) is given and they run
-    there: on an H100, stage 14, whose forward is stage 12's. Raises naming what no stage supports."""
+    there: on an H100, stage 14, whose forward is stage 12's (stage 10's at head_dim 32). Raises naming what
+    no stage supports."""
     index = getattr(device, "index", device)
     def usable(s):
         if s.number not in _ARCHITECTURE_SPECIFIC_STAGES:
@@ -550,7 +551,7 @@ def attention(q, k, v, *, causal=False, scale=None, stage=None, deterministic=Fa
     supports the dtype, head_dim and causality (or, where none has a backward yet, the latest that
     supports the forward: then the forward works and the backward raises RuntimeError, under
     torch.compile when the graph is compiled): in fp16 and bf16 that is stage 14 on an H100 (whose
-    forward is stage 12's) and stage 11 elsewhere (whose forward is stage 10's); in fp32 stage 07. deterministic is passed to the backward (see backward()). Inputs
+    forward is stage 12's, stage 10's at head_dim 32) and stage 11 elsewhere (whose forward is stage 10's); in fp32 stage 07. deterministic is passed to the backward (see backward()). Inputs
     must be contiguous: call .contiguous() on a transposed view first. The operator
     flash_stages::attention (which also returns lse), with flash_stages::backward as its gradient.
     """

@@ -4,8 +4,8 @@
 // reallocation, and dQ added by the copy engine (cp.reduce.async.bulk). hopper_backward.cu says how
 // the three kernels run.
 //
-// This stage is a backward only. Its forward is stage 12's (stage12::forward): the course's registry
-// pairs the two, as it pairs stage 11 with stage 10. It reads the lse the forward writes (fp32, natural
+// This stage is a backward only. Its forward is stage 12's (stage12::forward; stage 10's at head_dim 32,
+// which stage 12 does not take): the course's registry pairs the two, as it pairs stage 11 with stage 10. It reads the lse the forward writes (fp32, natural
 // log, -inf for a row that sees no key); any forward that writes the same lse will do.
 //
 // Tensors are contiguous on the device, q, k, v, o, d_o, dq, dk, dv in `dtype` (fp16 or bf16):
