@@ -64,7 +64,8 @@ flash::Status check_args(const void* q, const void* k, const void* v, const void
 constexpr int kStepThreads = 256;  // prepare_kernel and convert_dq_kernel
 
 // The workspace, in order: lse2 and D (padded rows each), the dQ accumulator (padded rows x
-// accum_columns floats), the counters. Every part starts 16-byte aligned: padded rows are a multiple of 128.
+// accum_columns floats), the counters. Every part starts 16-byte aligned: padded rows are a multiple
+// of 128.
 struct Workspace {
   float* lse2;
   float* d;

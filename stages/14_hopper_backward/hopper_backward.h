@@ -4,15 +4,17 @@
 // reallocation, and dQ added by the copy engine (cp.reduce.async.bulk). hopper_backward.cu says how
 // the three kernels run.
 //
-// This stage is a backward only. Its forward is stage 12's (stage12::forward; stage 10's at head_dim 32,
-// which stage 12 does not take): the course's registry pairs the two, as it pairs stage 11 with stage 10. It reads the lse the forward writes (fp32, natural
-// log, -inf for a row that sees no key); any forward that writes the same lse will do.
+// This stage is a backward only. Its forward is stage 12's (stage12::forward; stage 10's at head_dim
+// 32, which stage 12 does not take): the course's registry pairs the two, as it pairs stage 11 with
+// stage 10. It reads the lse the forward writes (fp32, natural log, -inf for a row that sees no key);
+// any forward that writes the same lse will do.
 //
 // Tensors are contiguous on the device, q, k, v, o, d_o, dq, dk, dv in `dtype` (fp16 or bf16):
 // q, o, d_o, dq [batch, heads_q, seq_q, head_dim]; k, v, dk, dv [batch, heads_kv, seq_kv, head_dim];
 // lse [batch, heads_q, seq_q] in fp32. With GQA, dK and dV of a shared K/V head sum over its query
-// heads. head_dim 32, 64 or 128 (32 on head_dim 64's tiles, mainloop.cuh's BackwardTiles). Needs compute capability 9.0 exactly and a build that includes sm_90a
-// code (CMAKE_CUDA_ARCHITECTURES with 90).
+// heads. head_dim 32, 64 or 128 (32 on head_dim 64's tiles, mainloop.cuh's BackwardTiles). Needs
+// compute capability 9.0 exactly and a build that includes sm_90a code (CMAKE_CUDA_ARCHITECTURES with
+// 90).
 #pragma once
 
 #include <cstddef>
@@ -22,8 +24,8 @@
 namespace stage14 {
 
 // The workspace one backward call needs, in bytes: per query row (seq_q rounded up to 128 per head),
-// its base-2 lse and D (4 bytes each) and the fp32 dQ accumulator (head_dim floats, 64 at head_dim 32), then one counter
-// per query tile of 64 rows for the deterministic mode. O(N): about batch * heads_q * seq_q *
+// its base-2 lse and D (4 bytes each) and the fp32 dQ accumulator (head_dim floats, 64 at head_dim
+// 32), then one counter per query tile of 64 rows for the deterministic mode. O(N): about batch * heads_q * seq_q *
 // (head_dim + 2) * 4 bytes. 0 for sizes < 1.
 size_t backward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
 

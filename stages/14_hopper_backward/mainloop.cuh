@@ -81,8 +81,8 @@ constexpr int kWarpgroupAndWarp = kWarpgroupThreads + 32;  // one consumer warpg
 // head_dim 32 runs on head_dim 64's tiles, as FlashAttention-3 runs every head_dim up to 64 (its
 // round_up_headdim): the tensor maps know the tensors' 32 columns, so the copy engine fills the other
 // 32 of each 64-column box row with zeros. S^T and dP^T come out the same; dV, dK and dQ come out
-// with 32 zero columns, which are not written. It costs twice the products of a kernel of 32 columns,
-// and needs none of its own.
+// with 32 zero columns, which are not written. It costs twice the products a kernel of 32 columns
+// would do, and adds no kernel code.
 template <int kTensorHeadDim_>
 struct BackwardTiles {
   static constexpr int kTensorHeadDim = kTensorHeadDim_;  // the columns of q, k, v, d_o and the gradients
