@@ -25,8 +25,8 @@ namespace stage14 {
 
 // The workspace one backward call needs, in bytes: per query row (seq_q rounded up to 128 per head),
 // its base-2 lse and D (4 bytes each) and the fp32 dQ accumulator (head_dim floats, 64 at head_dim
-// 32), then one counter per query tile of 64 rows for the deterministic mode. O(N): about batch * heads_q * seq_q *
-// (head_dim + 2) * 4 bytes. 0 for sizes < 1.
+// 32), then one counter per query tile of 64 rows for the deterministic mode. O(N): about batch *
+// heads_q * seq_q * (head_dim + 2) * 4 bytes. 0 for sizes < 1.
 size_t backward_workspace_size(int batch, int heads_q, int heads_kv, int seq_q, int seq_kv, int head_dim);
 
 // Whether this build and this GPU can run the stage: success, or kArchNotSupported naming the GPU
